@@ -1,0 +1,1 @@
+"""The cost model (pipeline schedules, sync, memory) and the Gymnasium environment."""

@@ -1,0 +1,1 @@
+"""Scripts that train, evaluate and benchmark; each is runnable as `python -m spantrain.experiments.NAME`."""

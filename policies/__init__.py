@@ -1,0 +1,1 @@
+"""Planners: the heuristic fallback, baselines, exhaustive search and the learned PPO policy."""

@@ -1,0 +1,1 @@
+"""Measuring real devices and links, and generating synthetic cluster topologies."""

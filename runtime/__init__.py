@@ -1,0 +1,1 @@
+"""Executing plans with torch.distributed: models, executor, checkpoints, emulated cluster."""

@@ -1,0 +1,3 @@
+from spantrain.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Small helpers shared by the spec, workload and plan parsers.
+
+They check one field at a time and append a message that names the entry to a list of
+problems, so a loader can report every problem of a file at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["read_structured", "check_keys", "positive_number", "nonneg_number", "positive_int",
+           "nonempty_str", "fmt_number"]
+
+
+def read_structured(path: str | Path, error: type[Exception]) -> Any:
+    """Parse a YAML or JSON file (by suffix; YAML otherwise) or raise `error` in one line."""
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{p}: file not found")
+    if p.is_dir():
+        raise error(f"{p}: is a directory, expected a file")
+    text = p.read_text()
+    if p.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise error(f"{p}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise error(f"{p}: YAML syntax error{where}: {problem}") from None
+
+
+def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, problems: list[str]) -> None:
+    for key in obj:
+        if key not in allowed:
+            problems.append(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+    for key in sorted(required):
+        if key not in obj:
+            problems.append(f"{where}: missing required key {key!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def positive_number(obj: dict, key: str, where: str, problems: list[str]) -> float | None:
+    """The value of `obj[key]` if it is a finite number > 0, else record a problem."""
+    if key not in obj:
+        return None
+    value = obj[key]
+    if not _is_number(value) or value <= 0:
+        problems.append(f"{where}: {key} must be a positive number, got {value!r}")
+        return None
+    return float(value)
+
+
+def nonneg_number(obj: dict, key: str, where: str, problems: list[str]) -> float | None:
+    if key not in obj:
+        return None
+    value = obj[key]
+    if not _is_number(value) or value < 0:
+        problems.append(f"{where}: {key} must be a number >= 0, got {value!r}")
+        return None
+    return float(value)
+
+
+def positive_int(obj: dict, key: str, where: str, problems: list[str]) -> int | None:
+    if key not in obj:
+        return None
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        problems.append(f"{where}: {key} must be a positive integer, got {value!r}")
+        return None
+    return int(value)
+
+
+def nonempty_str(obj: dict, key: str, where: str, problems: list[str]) -> str | None:
+    if key not in obj:
+        return None
+    value = obj[key]
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        problems.append(f"{where}: {key} must be a non-empty string without spaces, got {value!r}")
+        return None
+    return value
+
+
+def fmt_number(x: float) -> float | int:
+    """A float rounded to 9 significant digits (ints stay ints) so files stay readable."""
+    if float(x).is_integer():
+        return int(x)
+    return float(f"{x:.9g}")

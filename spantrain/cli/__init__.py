@@ -1,0 +1,71 @@
+"""The `spantrain` command line: one module per command, heavy imports inside the commands.
+
+Every `SpantrainError` (a user's mistake or a refusal) becomes one line on stderr and
+exit code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from spantrain.errors import SpantrainError
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+# (command, module under spantrain.cli, one-line help); order is the --help order.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("topo", "topo", "generate or show a cluster spec"),
+    ("plan", "plan", "plan a workload on a cluster"),
+    ("simulate", "simulate", "predict a plan's iteration with the cost model"),
+    ("compare", "compare", "every planner side by side"),
+    ("train-policy", "train_policy", "train the PPO scheduling policy in the environment"),
+    ("profile", "profile", "measure real devices and links into a cluster spec"),
+    ("emulate", "emulate", "run a command on a local emulated cluster"),
+    ("run", "run", "real training driven by a plan or planner"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in the project's one-line form (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from spantrain import __version__
+
+    parser = _Parser(prog="spantrain", description="Plan and run training across heterogeneous, "
+                     "geo-distributed devices.")
+    parser.add_argument("--version", action="version", version=f"spantrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, module, help_text in COMMANDS:
+        mod = importlib.import_module(f"spantrain.cli.{module}")
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.register(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpantrainError as e:
+        print(f"spantrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"spantrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,12 @@
+"""`spantrain compare`: not implemented yet (issue #4)."""
+
+from __future__ import annotations
+
+import argparse
+
+from spantrain.cli._common import not_yet
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=not_yet("compare", 4))

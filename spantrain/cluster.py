@@ -1,0 +1,574 @@
+"""The cluster: devices and the network between every ordered pair of them.
+
+A `Cluster` is built from the cluster spec file of DESIGN.md (YAML or JSON) and saved
+back to it. The network section is declarative (per-region, per region pair, default,
+per device pair); the cluster turns it into two dense arrays indexed by device position:
+`bandwidth[i, j]` in bytes/s and `latency[i, j]` in seconds, for traffic from i to j.
+The arrays are the truth: a cluster whose arrays were changed (a network change, a
+measured profile) saves the differences as device-pair overrides, so files round-trip.
+
+Spec extensions beyond DESIGN.md (all optional): a device may carry `host` and
+`local_rank` (where the profiler measured it), and `layer_times` (measured per-layer
+forward/backward seconds for a model, used by the cost model instead of FLOP counts);
+an override may be directional, written `{from: a, to: b, ...}` instead of `between`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from spantrain._spec import (
+    check_keys,
+    fmt_number,
+    nonempty_str,
+    nonneg_number,
+    positive_int,
+    positive_number,
+    read_structured,
+)
+from spantrain.errors import SpecError
+
+__all__ = ["GBPS", "LayerTimes", "Device", "NetLink", "Network", "Cluster"]
+
+GBPS = 1e9 / 8
+"""Bytes per second in one Gbit/s."""
+
+_DEVICE_KEYS = {"id", "count", "region", "tier", "gpu", "tflops", "memory_gb", "host", "local_rank",
+                "layer_times"}
+_LINK_KEYS = {"gbps", "latency_ms"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTimes:
+    """Measured compute times of one device on one model's layers."""
+
+    batch: int
+    """Micro-batch size (samples) the times were measured at."""
+    forward_s: tuple[float, ...]
+    """Forward seconds per layer for one micro-batch of `batch` samples."""
+    backward_s: tuple[float, ...]
+    """Backward seconds (input plus weight gradient) per layer for the same micro-batch."""
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"batch": self.batch,
+                "forward_ms": [fmt_number(t * 1e3) for t in self.forward_s],
+                "backward_ms": [fmt_number(t * 1e3) for t in self.backward_s]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One accelerator (or CPU process standing in for one)."""
+
+    id: str
+    """Unique name, used by plans."""
+    region: str
+    """Network region; must be listed under `network.regions`."""
+    tier: str = "cloud"
+    """Free label such as cloud, edge or end."""
+    gpu: str = ""
+    """Hardware label, informational."""
+    tflops: float
+    """Sustained dense TFLOP/s on the workload's layers (not datasheet peak)."""
+    memory_gb: float
+    """Memory available for training, GB (1e9 bytes)."""
+    host: str | None = None
+    """Host the profiler measured this device on (maps plan devices to processes)."""
+    local_rank: int | None = None
+    """Local rank on `host` the profiler measured this device as."""
+    layer_times: Mapping[str, LayerTimes] = field(default_factory=dict)
+    """Measured per-layer times by workload name; the cost model prefers them to FLOPs."""
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    @property
+    def flops(self) -> float:
+        """Sustained FLOP/s."""
+        return self.tflops * 1e12
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetLink:
+    """Bandwidth and latency of a network path."""
+
+    gbps: float
+    """Bandwidth in Gbit/s."""
+    latency_ms: float
+    """One-way latency in milliseconds."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbps * GBPS
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_ms / 1e3
+
+    def to_spec(self) -> dict[str, float]:
+        return {"gbps": fmt_number(self.gbps), "latency_ms": fmt_number(self.latency_ms)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The declarative network section of a spec (device-pair overrides live in the arrays)."""
+
+    regions: Mapping[str, NetLink]
+    """Network inside each region."""
+    links: Mapping[tuple[str, str], NetLink] = field(default_factory=dict)
+    """Between two regions, keyed by the sorted region pair; symmetric."""
+    default: NetLink | None = None
+    """Region pairs not listed in `links`."""
+
+    def between(self, a: str, b: str) -> NetLink | None:
+        if a == b:
+            return self.regions[a]
+        return self.links.get(tuple(sorted((a, b))), self.default)
+
+
+class Cluster:
+    """Devices and the bandwidth/latency arrays between every ordered pair of them."""
+
+    def __init__(self, *, name: str, devices: Iterable[Device], network: Network,
+                 bandwidth: np.ndarray | None = None, latency: np.ndarray | None = None):
+        self.name = name
+        self.devices: tuple[Device, ...] = tuple(devices)
+        self.network = network
+        problems = _check_devices(self.devices, network)
+        if problems:
+            raise SpecError(f"cluster {name!r}: " + "; ".join(problems))
+        self._index = {d.id: i for i, d in enumerate(self.devices)}
+        base_bw, base_lat = self._network_arrays()
+        self.bandwidth = base_bw if bandwidth is None else _checked_array(bandwidth, "bandwidth", len(self))
+        self.latency = base_lat if latency is None else _checked_array(latency, "latency", len(self))
+        np.fill_diagonal(self.bandwidth, np.inf)
+        np.fill_diagonal(self.latency, 0.0)
+        self.bandwidth.setflags(write=False)
+        self.latency.setflags(write=False)
+
+    # ---- basic views -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __repr__(self) -> str:
+        return f"Cluster(name={self.name!r}, devices={len(self)}, regions={len(self.regions)})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Cluster) and self.name == other.name and self.devices == other.devices
+                and np.array_equal(self.bandwidth, other.bandwidth)
+                and np.array_equal(self.latency, other.latency))
+
+    __hash__ = None  # mutable-looking arrays; compare, do not hash
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.devices]
+
+    @property
+    def regions(self) -> list[str]:
+        """Regions that hold at least one device, in order of first appearance."""
+        return list(dict.fromkeys(d.region for d in self.devices))
+
+    def index(self, device_id: str) -> int:
+        try:
+            return self._index[device_id]
+        except KeyError:
+            raise SpecError(f"cluster {self.name!r} has no device {device_id!r}") from None
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self._index
+
+    def device(self, device_id: str) -> Device:
+        return self.devices[self.index(device_id)]
+
+    @property
+    def tflops(self) -> np.ndarray:
+        return np.array([d.tflops for d in self.devices])
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return np.array([d.memory_bytes for d in self.devices])
+
+    @property
+    def region_index(self) -> np.ndarray:
+        """For each device, the position of its region in `regions`."""
+        pos = {r: i for i, r in enumerate(self.regions)}
+        return np.array([pos[d.region] for d in self.devices], dtype=np.int64)
+
+    # ---- derived clusters --------------------------------------------------------------
+
+    def with_arrays(self, *, bandwidth: np.ndarray | None = None, latency: np.ndarray | None = None,
+                    name: str | None = None) -> Cluster:
+        """The same devices with a changed network (a fluctuation, a measurement)."""
+        return Cluster(name=name or self.name, devices=self.devices, network=self.network,
+                       bandwidth=self.bandwidth if bandwidth is None else bandwidth,
+                       latency=self.latency if latency is None else latency)
+
+    def subset(self, device_ids: Iterable[str], name: str | None = None) -> Cluster:
+        """The cluster restricted to some devices (links between them unchanged)."""
+        idx = [self.index(i) for i in device_ids]
+        devices = [self.devices[i] for i in idx]
+        used = {d.region for d in devices}
+        network = Network(regions={r: v for r, v in self.network.regions.items() if r in used},
+                          links={k: v for k, v in self.network.links.items() if set(k) <= used},
+                          default=self.network.default)
+        return Cluster(name=name or self.name, devices=devices, network=network,
+                       bandwidth=self.bandwidth[np.ix_(idx, idx)].copy(),
+                       latency=self.latency[np.ix_(idx, idx)].copy())
+
+    # ---- spec file ---------------------------------------------------------------------
+
+    @classmethod
+    def from_spec(cls, spec: Any, source: str = "cluster spec") -> Cluster:
+        """Build from a parsed spec; every problem is reported at once in a `SpecError`."""
+        return _parse_spec(spec, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Cluster:
+        return _parse_spec(read_structured(path, SpecError), str(path))
+
+    def to_spec(self) -> dict[str, Any]:
+        """The spec dict; consecutive identical devices `x-0..x-N` collapse into `count: N`."""
+        net: dict[str, Any] = {"regions": {r: v.to_spec() for r, v in self.network.regions.items()}}
+        if self.network.links:
+            net["links"] = [{"between": list(k), **v.to_spec()} for k, v in self.network.links.items()]
+        if self.network.default is not None:
+            net["default"] = self.network.default.to_spec()
+        overrides = self._overrides()
+        if overrides:
+            net["overrides"] = overrides
+        return {"name": self.name, "devices": _group_devices(self.devices), "network": net}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        spec = self.to_spec()
+        if path.suffix.lower() == ".json":
+            path.write_text(json.dumps(spec, indent=2) + "\n")
+        else:
+            path.write_text(yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=100))
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _network_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.devices)
+        regions = [d.region for d in self.devices]
+        bw = np.empty((n, n))
+        lat = np.empty((n, n))
+        cache: dict[tuple[str, str], NetLink] = {}
+        for i in range(n):
+            for j in range(n):
+                key = (regions[i], regions[j])
+                link = cache.get(key)
+                if link is None:
+                    link = cache[key] = self.network.between(*key)
+                bw[i, j] = link.bytes_per_s
+                lat[i, j] = link.latency_s
+        return bw, lat
+
+    def _overrides(self) -> list[dict[str, Any]]:
+        base_bw, base_lat = self._network_arrays()
+        out = []
+        n = len(self)
+        for i in range(n):
+            for j in range(i + 1, n):
+                fwd = (self.bandwidth[i, j], self.latency[i, j])
+                bwd = (self.bandwidth[j, i], self.latency[j, i])
+                same_fwd = _close(fwd, (base_bw[i, j], base_lat[i, j]))
+                same_bwd = _close(bwd, (base_bw[j, i], base_lat[j, i]))
+                if same_fwd and same_bwd:
+                    continue
+                a, b = self.devices[i].id, self.devices[j].id
+                if _close(fwd, bwd):
+                    out.append({"between": [a, b], **_link_spec(*fwd)})
+                    continue
+                if not same_fwd:
+                    out.append({"from": a, "to": b, **_link_spec(*fwd)})
+                if not same_bwd:
+                    out.append({"from": b, "to": a, **_link_spec(*bwd)})
+        return out
+
+
+def _close(x: tuple[float, float], y: tuple[float, float]) -> bool:
+    return bool(np.isclose(x[0], y[0], rtol=1e-9) and np.isclose(x[1], y[1], rtol=1e-9, atol=1e-15))
+
+
+def _link_spec(bandwidth: float, latency: float) -> dict[str, float]:
+    return NetLink(gbps=bandwidth / GBPS, latency_ms=latency * 1e3).to_spec()
+
+
+def _checked_array(a: np.ndarray, what: str, n: int) -> np.ndarray:
+    arr = np.array(a, dtype=np.float64)
+    if arr.shape != (n, n):
+        raise SpecError(f"{what} array has shape {arr.shape}, expected ({n}, {n})")
+    off = ~np.eye(n, dtype=bool)
+    if what == "bandwidth" and not np.all(arr[off] > 0):
+        raise SpecError("bandwidth must be positive between every pair of devices")
+    if what == "latency" and not np.all(arr[off] >= 0):
+        raise SpecError("latency must be >= 0 between every pair of devices")
+    return arr
+
+
+def _check_devices(devices: tuple[Device, ...], network: Network) -> list[str]:
+    problems = []
+    if not devices:
+        problems.append("no devices: add at least one entry under 'devices'")
+    seen: set[str] = set()
+    for d in devices:
+        if d.id in seen:
+            problems.append(f"duplicate device id {d.id!r}")
+        seen.add(d.id)
+        if d.region not in network.regions:
+            problems.append(f"device {d.id!r}: region {d.region!r} is not listed under network.regions")
+    regions = list(dict.fromkeys(d.region for d in devices if d.region in network.regions))
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            if network.between(a, b) is None:
+                problems.append(f"no link between regions {a!r} and {b!r}: add it to network.links "
+                                "or set network.default")
+    return problems
+
+
+def _group_devices(devices: tuple[Device, ...]) -> list[dict[str, Any]]:
+    """Device entries, collapsing runs `base-0 .. base-(N-1)` with equal fields into `count`."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(devices):
+        d = devices[i]
+        base, _, suffix = d.id.rpartition("-")
+        run = 1
+        if base and suffix == "0":
+            while (i + run < len(devices)
+                   and devices[i + run].id == f"{base}-{run}"
+                   and _same_but_id(devices[i + run], d)):
+                run += 1
+        if run > 1:
+            out.append(_device_spec(d, id=base, count=run))
+        else:
+            out.append(_device_spec(d, id=d.id))
+        i += run
+    return out
+
+
+def _same_but_id(a: Device, b: Device) -> bool:
+    return dataclasses.replace(a, id=b.id) == b and a.host is None and a.local_rank is None \
+        and not a.layer_times
+
+
+def _device_spec(d: Device, *, id: str, count: int | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": id}
+    if count:
+        entry["count"] = count
+    entry.update({"region": d.region, "tier": d.tier})
+    if d.gpu:
+        entry["gpu"] = d.gpu
+    entry.update({"tflops": fmt_number(d.tflops), "memory_gb": fmt_number(d.memory_gb)})
+    if d.host is not None:
+        entry["host"] = d.host
+    if d.local_rank is not None:
+        entry["local_rank"] = d.local_rank
+    if d.layer_times:
+        entry["layer_times"] = {k: v.to_spec() for k, v in d.layer_times.items()}
+    return entry
+
+
+def _parse_link(obj: Any, where: str, problems: list[str], extra: set[str] = frozenset()) -> NetLink | None:
+    if not isinstance(obj, dict):
+        problems.append(f"{where}: expected a mapping with gbps and latency_ms, got {obj!r}")
+        return None
+    check_keys(obj, _LINK_KEYS | extra, _LINK_KEYS, where, problems)
+    gbps = positive_number(obj, "gbps", where, problems)
+    lat = nonneg_number(obj, "latency_ms", where, problems)
+    if gbps is None or lat is None:
+        return None
+    return NetLink(gbps=gbps, latency_ms=lat)
+
+
+def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, LayerTimes]:
+    out: dict[str, LayerTimes] = {}
+    if not isinstance(obj, dict):
+        problems.append(f"{where}: layer_times must map a model name to measured times")
+        return out
+    for model, entry in obj.items():
+        w = f"{where}.layer_times[{model}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{w}: expected a mapping with batch, forward_ms, backward_ms")
+            continue
+        check_keys(entry, {"batch", "forward_ms", "backward_ms"}, {"batch", "forward_ms", "backward_ms"}, w,
+                   problems)
+        batch = positive_int(entry, "batch", w, problems)
+        lists = []
+        for key in ("forward_ms", "backward_ms"):
+            vals = entry.get(key)
+            if not isinstance(vals, list) or not vals or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in vals):
+                problems.append(f"{w}: {key} must be a non-empty list of numbers >= 0")
+                lists.append(None)
+            else:
+                lists.append(tuple(float(v) / 1e3 for v in vals))
+        if lists[0] and lists[1] and len(lists[0]) != len(lists[1]):
+            problems.append(f"{w}: forward_ms and backward_ms have different lengths")
+        elif batch and lists[0] and lists[1]:
+            out[str(model)] = LayerTimes(batch=batch, forward_s=lists[0], backward_s=lists[1])
+    return out
+
+
+def _parse_spec(spec: Any, source: str) -> Cluster:
+    problems: list[str] = []
+    if not isinstance(spec, dict):
+        raise SpecError(f"{source}: expected a mapping with 'devices' and 'network', got {type(spec).__name__}")
+    check_keys(spec, {"name", "devices", "network"}, {"devices", "network"}, source, problems)
+    name = spec.get("name", Path(source).stem if source != "cluster spec" else "cluster")
+    if not isinstance(name, str):
+        problems.append(f"{source}: name must be a string")
+        name = "cluster"
+
+    # network first: devices are checked against its regions
+    net = spec.get("network")
+    regions: dict[str, NetLink] = {}
+    links: dict[tuple[str, str], NetLink] = {}
+    default = None
+    raw_overrides: list[tuple[str, Any]] = []
+    if "network" in spec and not isinstance(net, dict):
+        problems.append("network: expected a mapping with regions, links, default, overrides")
+    elif isinstance(net, dict):
+        check_keys(net, {"regions", "links", "default", "overrides"}, {"regions"}, "network", problems)
+        raw_regions = net.get("regions", {})
+        if not isinstance(raw_regions, dict) or not raw_regions:
+            problems.append("network.regions: expected a non-empty mapping of region name to {gbps, latency_ms}")
+        else:
+            for r, v in raw_regions.items():
+                link = _parse_link(v, f"network.regions.{r}", problems)
+                if link:
+                    regions[str(r)] = link
+        raw_links = net.get("links") or []
+        if not isinstance(raw_links, list):
+            problems.append("network.links: expected a list of {between: [a, b], gbps, latency_ms}")
+            raw_links = []
+        for k, v in enumerate(raw_links):
+            where = f"network.links[{k}]"
+            link = _parse_link(v, where, problems, {"between"})
+            between = v.get("between") if isinstance(v, dict) else None
+            if not (isinstance(between, list) and len(between) == 2 and all(isinstance(x, str) for x in between)):
+                problems.append(f"{where}: between must be a list of two region names")
+                continue
+            for r in between:
+                if r not in raw_regions:
+                    problems.append(f"{where}: unknown region {r!r} (not listed under network.regions)")
+            if between[0] == between[1]:
+                problems.append(f"{where}: links join two different regions; set {between[0]!r} "
+                                "under network.regions instead")
+                continue
+            key = tuple(sorted(between))
+            if key in links:
+                problems.append(f"{where}: duplicate link between {key[0]!r} and {key[1]!r}")
+            if link:
+                links[key] = link
+        if net.get("default") is not None:
+            default = _parse_link(net["default"], "network.default", problems)
+        raw_ov = net.get("overrides") or []
+        if not isinstance(raw_ov, list):
+            problems.append("network.overrides: expected a list of {between: [a, b], gbps, latency_ms}")
+            raw_ov = []
+        raw_overrides = [(f"network.overrides[{k}]", v) for k, v in enumerate(raw_ov)]
+
+    # devices, with count expansion
+    devices: list[Device] = []
+    raw_devices = spec.get("devices")
+    if "devices" in spec and (not isinstance(raw_devices, list) or not raw_devices):
+        problems.append("devices: expected a non-empty list of devices (the cluster is empty)")
+        raw_devices = []
+    for k, entry in enumerate(raw_devices or []):
+        where = f"devices[{k}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: expected a mapping, got {entry!r}")
+            continue
+        if isinstance(entry.get("id"), str):
+            where = f"devices[{k}] ({entry['id']})"
+        check_keys(entry, _DEVICE_KEYS, {"id", "region", "tflops", "memory_gb"}, where, problems)
+        did = nonempty_str(entry, "id", where, problems)
+        region = entry.get("region")
+        if "region" in entry and not isinstance(region, str):
+            problems.append(f"{where}: region must be a string")
+            region = None
+        elif isinstance(region, str) and region not in _raw_regions(net):
+            problems.append(f"{where}: unknown region {region!r} (not listed under network.regions)")
+        tflops = positive_number(entry, "tflops", where, problems)
+        mem = positive_number(entry, "memory_gb", where, problems)
+        count = positive_int(entry, "count", where, problems) if "count" in entry else 1
+        tier = entry.get("tier", "cloud")
+        gpu = entry.get("gpu", "")
+        if not isinstance(tier, str) or not isinstance(gpu, str):
+            problems.append(f"{where}: tier and gpu must be strings")
+        host = entry.get("host")
+        if host is not None and not isinstance(host, str):
+            problems.append(f"{where}: host must be a string")
+        local_rank = entry.get("local_rank")
+        if local_rank is not None and (isinstance(local_rank, bool) or not isinstance(local_rank, int)
+                                       or local_rank < 0):
+            problems.append(f"{where}: local_rank must be an integer >= 0")
+        layer_times = _parse_layer_times(entry["layer_times"], where, problems) if "layer_times" in entry else {}
+        if None in (did, region, tflops, mem, count):
+            continue
+        ids = [did] if "count" not in entry else [f"{did}-{c}" for c in range(count)]
+        for i in ids:
+            devices.append(Device(id=i, region=region, tier=tier, gpu=gpu, tflops=tflops, memory_gb=mem,
+                                  host=host, local_rank=local_rank, layer_times=layer_times))
+
+    seen: dict[str, int] = {}
+    for d in devices:
+        seen[d.id] = seen.get(d.id, 0) + 1
+    for did, c in seen.items():
+        if c > 1:
+            problems.append(f"devices: duplicate device id {did!r} (ids must be unique after count expansion)")
+    # overrides refer to expanded device ids
+    pair_overrides: list[tuple[str, str, NetLink, bool]] = []
+    for where, v in raw_overrides:
+        if not isinstance(v, dict):
+            problems.append(f"{where}: expected a mapping")
+            continue
+        directed = "from" in v or "to" in v
+        link = _parse_link(v, where, problems, {"from", "to"} if directed else {"between"})
+        if directed:
+            pair = [v.get("from"), v.get("to")]
+        else:
+            pair = v.get("between")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            problems.append(f"{where}: give either between: [device, device] or from: device, to: device")
+            continue
+        for x in pair:
+            if x not in seen:
+                problems.append(f"{where}: unknown device {x!r}")
+        if pair[0] == pair[1]:
+            problems.append(f"{where}: a device pair needs two different devices")
+        if link:
+            pair_overrides.append((pair[0], pair[1], link, directed))
+
+    if problems:
+        raise SpecError(f"{source}: " + "; ".join(problems))
+
+    cluster = Cluster(name=name, devices=devices, network=Network(regions=regions, links=links, default=default))
+    if not pair_overrides:
+        return cluster
+    bw = cluster.bandwidth.copy()
+    lat = cluster.latency.copy()
+    for a, b, link, directed in pair_overrides:
+        i, j = cluster.index(a), cluster.index(b)
+        bw[i, j], lat[i, j] = link.bytes_per_s, link.latency_s
+        if not directed:
+            bw[j, i], lat[j, i] = link.bytes_per_s, link.latency_s
+    return cluster.with_arrays(bandwidth=bw, latency=lat)
+
+
+def _raw_regions(net: Any) -> dict:
+    if isinstance(net, dict) and isinstance(net.get("regions"), dict):
+        return net["regions"]
+    return {}

@@ -1,0 +1,59 @@
+"""One error hierarchy for everything a user can get wrong or the system can refuse.
+
+The CLI turns any `SpantrainError` into a one-line message on stderr and exit code 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SpantrainError",
+    "SpecError",
+    "WorkloadError",
+    "PlanError",
+    "InfeasibleError",
+    "PlannerError",
+    "ExecutionError",
+    "EmulationError",
+    "PolicyError",
+]
+
+
+class SpantrainError(Exception):
+    """Root of every error spantrain raises on purpose."""
+
+
+class SpecError(SpantrainError):
+    """A cluster spec file is missing, malformed or inconsistent."""
+
+
+class WorkloadError(SpantrainError):
+    """A model preset or workload file is unknown or malformed."""
+
+
+class PlanError(SpantrainError):
+    """A plan file is malformed or does not fit the cluster and workload."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class InfeasibleError(SpantrainError):
+    """A plan is valid but cannot run (for example, it does not fit in memory)."""
+
+
+class PlannerError(SpantrainError):
+    """A planner could not produce a plan (unknown planner, nothing feasible)."""
+
+
+class ExecutionError(SpantrainError):
+    """A training run failed (dead worker, timeout, bad checkpoint)."""
+
+
+class EmulationError(SpantrainError):
+    """The local emulated cluster could not be set up or torn down."""
+
+
+class PolicyError(SpantrainError):
+    """A learned policy is missing, corrupt or incompatible."""

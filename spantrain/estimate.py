@@ -1,0 +1,41 @@
+"""What the cost model predicts for a plan (filled by `spantrain.env.costmodel`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Estimate"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """Prediction for one training iteration of a plan."""
+
+    iteration_s: float
+    """Seconds per iteration: slowest pipeline + exposed sync + optimizer step."""
+    samples_per_s: float
+    """Iteration batch / iteration seconds (0 when infeasible)."""
+    feasible: bool
+    """False when the plan cannot run (memory); `reasons` says why."""
+    reasons: tuple[str, ...] = ()
+    """Why the plan is infeasible, naming the device and the shortfall."""
+    peak_memory_gb: dict[str, float] = field(default_factory=dict)
+    """Peak memory per used device id, GB."""
+    bubble_fraction: tuple[float, ...] = ()
+    """Per pipeline: idle fraction of its stages' time during the pipelined phase."""
+    pipeline_s: tuple[float, ...] = ()
+    """Per pipeline: seconds from the first forward to the last backward."""
+    exposed_comm_s: float = 0.0
+    """Seconds of data-parallel sync not hidden behind backward."""
+    sync_s: float = 0.0
+    """Seconds the sync would take alone (before overlap)."""
+    optimizer_s: float = 0.0
+    """Seconds of the optimizer step on the slowest device."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
+                "feasible": self.feasible, "reasons": list(self.reasons),
+                "peak_memory_gb": dict(self.peak_memory_gb), "bubble_fraction": list(self.bubble_fraction),
+                "pipeline_s": list(self.pipeline_s), "exposed_comm_s": self.exposed_comm_s,
+                "sync_s": self.sync_s, "optimizer_s": self.optimizer_s}

@@ -1,0 +1,292 @@
+"""The plan: which devices form which pipeline, which layers each stage holds, how the
+batch is cut into micro-batches, which schedule runs them and how replicas sync.
+
+JSON form (DESIGN.md):
+
+    {"schedule": "zb-h1",
+     "sync": {"mode": "hierarchical", "period": 1},
+     "pipelines": [
+       {"micro_batch_size": 2, "num_micro_batches": 8,
+        "stages": [{"devices": ["cloud-0"], "layers": [0, 14]},
+                   {"devices": ["edge-0"], "layers": [14, 26]}]}],
+     "predicted": {"iteration_s": 1.9, "samples_per_s": 16.8}}
+
+A stage's `devices` is a list so that the format can grow (tensor-parallel stages); this
+version runs exactly one device per stage and `validate` says so otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spantrain._spec import check_keys, read_structured
+from spantrain.errors import PlanError
+
+if TYPE_CHECKING:
+    from spantrain.cluster import Cluster
+    from spantrain.workload import Workload
+
+__all__ = ["SCHEDULES", "SYNC_MODES", "Stage", "Pipeline", "Sync", "Plan"]
+
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+"""Pipeline schedules: GPipe, 1F1B, and the zero-bubble ZB-H1 / ZB-H2 (Qi et al. 2023)."""
+SYNC_MODES = ("allreduce", "hierarchical", "local-sgd")
+"""Data-parallel sync: flat ring, region-first hierarchical, or periodic parameter averaging."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """A contiguous range of layers on one device."""
+
+    devices: tuple[str, ...]
+    """Device ids holding the stage (exactly one in this version)."""
+    layers: tuple[int, int]
+    """Half-open layer range [start, end) over the workload's layers."""
+
+    @property
+    def device(self) -> str:
+        return self.devices[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "layers": list(self.layers)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """A data-parallel replica of the model, cut into stages."""
+
+    stages: tuple[Stage, ...]
+    """Stages in pipeline order: the first holds the embedding, the last the head."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    num_micro_batches: int
+    """Micro-batches per iteration."""
+
+    @property
+    def batch(self) -> int:
+        """Samples this replica processes per iteration."""
+        return self.micro_batch_size * self.num_micro_batches
+
+    @property
+    def devices(self) -> list[str]:
+        return [d for s in self.stages for d in s.devices]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"micro_batch_size": self.micro_batch_size, "num_micro_batches": self.num_micro_batches,
+                "stages": [s.to_dict() for s in self.stages]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sync:
+    """How replicas of a layer agree on its parameters."""
+
+    mode: str = "allreduce"
+    """One of `SYNC_MODES`."""
+    period: int = 1
+    """Iterations between parameter averages (``local-sgd`` only; 1 otherwise)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "period": self.period}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A complete parallel strategy for one cluster and workload."""
+
+    pipelines: tuple[Pipeline, ...]
+    """Data-parallel replicas."""
+    schedule: str = "1f1b"
+    """One of `SCHEDULES`, used by every pipeline."""
+    sync: Sync = field(default_factory=Sync)
+    """Data-parallel sync mode and period."""
+    predicted: dict[str, float] | None = None
+    """What the cost model predicted when the plan was made (informational)."""
+
+    # ---- views ------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        """The iteration batch: sum over pipelines of micro-batch size x count."""
+        return sum(p.batch for p in self.pipelines)
+
+    @property
+    def devices(self) -> list[str]:
+        """Devices the plan uses, pipeline by pipeline, stage by stage."""
+        return [d for p in self.pipelines for d in p.devices]
+
+    def stage_of(self, device_id: str) -> tuple[int, int] | None:
+        """(pipeline index, stage index) of a device, or None if it is idle."""
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                if device_id in s.devices:
+                    return i, j
+        return None
+
+    # ---- validation --------------------------------------------------------------------
+
+    def problems(self, cluster: Cluster | None = None, workload: Workload | None = None) -> list[str]:
+        """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
+        out: list[str] = []
+        if self.schedule not in SCHEDULES:
+            out.append(f"schedule {self.schedule!r} is unknown (choose from {', '.join(SCHEDULES)})")
+        if self.sync.mode not in SYNC_MODES:
+            out.append(f"sync mode {self.sync.mode!r} is unknown (choose from {', '.join(SYNC_MODES)})")
+        if not _pos_int(self.sync.period):
+            out.append(f"sync period must be a positive integer, got {self.sync.period!r}")
+        elif self.sync.period != 1 and self.sync.mode != "local-sgd":
+            out.append(f"sync period {self.sync.period} needs mode local-sgd (allreduce and hierarchical sync "
+                       "every iteration)")
+        if not self.pipelines:
+            out.append("plan has no pipelines")
+        n_layers = len(workload.layers) if workload is not None else None
+        seen: dict[str, str] = {}
+        for i, p in enumerate(self.pipelines):
+            where = f"pipeline {i}"
+            if not _pos_int(p.micro_batch_size):
+                out.append(f"{where}: micro_batch_size must be a positive integer, got {p.micro_batch_size!r}")
+            if not _pos_int(p.num_micro_batches):
+                out.append(f"{where}: num_micro_batches must be a positive integer, got {p.num_micro_batches!r}")
+            if not p.stages:
+                out.append(f"{where}: has no stages")
+                continue
+            expected_start = 0
+            for j, s in enumerate(p.stages):
+                sw = f"{where} stage {j}"
+                if len(s.devices) != 1:
+                    out.append(f"{sw}: needs exactly one device, got {len(s.devices)} "
+                               "(multi-device stages are not supported yet)")
+                for d in s.devices:
+                    if cluster is not None and d not in cluster:
+                        out.append(f"{sw}: unknown device {d!r}")
+                    if d in seen:
+                        out.append(f"{sw}: device {d!r} is already used by {seen[d]}")
+                    else:
+                        seen[d] = sw
+                a, b = s.layers
+                if not (isinstance(a, int) and isinstance(b, int)) or a >= b:
+                    out.append(f"{sw}: layer range [{a}, {b}) is empty or malformed")
+                    expected_start = b if isinstance(b, int) else expected_start
+                    continue
+                if a != expected_start:
+                    if a > expected_start:
+                        out.append(f"{sw}: layers [{expected_start}, {a}) are not covered")
+                    else:
+                        out.append(f"{sw}: layers [{a}, {min(b, expected_start)}) are covered twice")
+                if n_layers is not None and b > n_layers:
+                    out.append(f"{sw}: layer range [{a}, {b}) goes past the model's {n_layers} layers")
+                expected_start = b
+            if n_layers is not None and expected_start < n_layers:
+                out.append(f"{where}: layers [{expected_start}, {n_layers}) are not covered "
+                           f"(the model has {n_layers} layers)")
+        return out
+
+    def validate(self, cluster: Cluster | None = None, workload: Workload | None = None) -> Plan:
+        """Raise `PlanError` listing every problem; return the plan when it is valid."""
+        problems = self.problems(cluster, workload)
+        if problems:
+            raise PlanError(problems)
+        return self
+
+    # ---- JSON --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schedule": self.schedule, "sync": self.sync.to_dict(),
+                               "pipelines": [p.to_dict() for p in self.pipelines]}
+        if self.predicted is not None:
+            out["predicted"] = dict(self.predicted)
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, obj: Any, source: str = "plan") -> Plan:
+        """Parse the JSON form; malformed structure raises `PlanError` listing every problem."""
+        problems: list[str] = []
+        if not isinstance(obj, dict):
+            raise PlanError(f"{source}: expected a JSON object with schedule, sync and pipelines")
+        check_keys(obj, {"schedule", "sync", "pipelines", "predicted"}, {"pipelines"}, source, problems)
+        schedule = obj.get("schedule", "1f1b")
+        if not isinstance(schedule, str):
+            problems.append(f"{source}: schedule must be a string")
+        sync = Sync()
+        raw_sync = obj.get("sync", {})
+        if isinstance(raw_sync, str):
+            sync = Sync(mode=raw_sync)
+        elif isinstance(raw_sync, dict):
+            check_keys(raw_sync, {"mode", "period"}, set(), f"{source}: sync", problems)
+            sync = Sync(mode=raw_sync.get("mode", "allreduce"), period=raw_sync.get("period", 1))
+        else:
+            problems.append(f"{source}: sync must be an object with mode and period")
+        pipelines = []
+        raw_pipes = obj.get("pipelines", [])
+        if not isinstance(raw_pipes, list):
+            problems.append(f"{source}: pipelines must be a list")
+            raw_pipes = []
+        for i, rp in enumerate(raw_pipes):
+            where = f"{source}: pipelines[{i}]"
+            if not isinstance(rp, dict):
+                problems.append(f"{where}: expected an object")
+                continue
+            check_keys(rp, {"micro_batch_size", "num_micro_batches", "stages"},
+                       {"micro_batch_size", "num_micro_batches", "stages"}, where, problems)
+            stages = []
+            raw_stages = rp.get("stages", [])
+            if not isinstance(raw_stages, list):
+                problems.append(f"{where}: stages must be a list")
+                raw_stages = []
+            for j, rs in enumerate(raw_stages):
+                sw = f"{where}.stages[{j}]"
+                if not isinstance(rs, dict):
+                    problems.append(f"{sw}: expected an object")
+                    continue
+                check_keys(rs, {"devices", "layers"}, {"devices", "layers"}, sw, problems)
+                devs = rs.get("devices", [])
+                if isinstance(devs, str):
+                    devs = [devs]
+                if not (isinstance(devs, list) and all(isinstance(d, str) for d in devs)):
+                    problems.append(f"{sw}: devices must be a list of device ids")
+                    devs = []
+                layers = rs.get("layers", [0, 0])
+                if not (isinstance(layers, list) and len(layers) == 2
+                        and all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
+                    problems.append(f"{sw}: layers must be [start, end] integers")
+                    layers = [0, 0]
+                stages.append(Stage(devices=tuple(devs), layers=(layers[0], layers[1])))
+            pipelines.append(Pipeline(stages=tuple(stages), micro_batch_size=rp.get("micro_batch_size", 0),
+                                      num_micro_batches=rp.get("num_micro_batches", 0)))
+        predicted = obj.get("predicted")
+        if predicted is not None and not isinstance(predicted, dict):
+            problems.append(f"{source}: predicted must be an object")
+            predicted = None
+        if problems:
+            raise PlanError(problems)
+        return cls(pipelines=tuple(pipelines), schedule=schedule, sync=sync, predicted=predicted)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> Plan:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{source}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_dict(obj, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Plan:
+        return cls.from_dict(read_structured(path, PlanError), str(path))
+
+    load = from_file
+
+
+def _pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0

@@ -1,0 +1,87 @@
+"""Experiment tracking with Weights & Biases, offline unless the user is logged in.
+
+Every experiment script and long-running command logs through `Tracker`, so runs look
+the same in W&B whatever produced them. wandb is imported lazily: the core stays light,
+and `enabled=False` costs nothing.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Tracker", "wandb_mode"]
+
+
+def wandb_mode() -> str:
+    """`WANDB_MODE` if set, else online when an API key or a `wandb login` entry exists, else offline."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        auth = None
+    return "online" if auth else "offline"
+
+
+class Tracker:
+    """A thin wrapper over one W&B run: config, scalar metrics, tables and images."""
+
+    def __init__(self, *, project: str = "spantrain", job_type: str, config: dict[str, Any] | None = None,
+                 name: str | None = None, enabled: bool = True, dir: str | Path | None = None,
+                 tags: list[str] | None = None):
+        self.enabled = enabled
+        self.run = None
+        if not enabled:
+            return
+        import wandb
+
+        mode = wandb_mode()
+        out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
+        out.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
+                              dir=str(out), tags=tags, reinit="finish_previous",
+                              settings=wandb.Settings(silent=True, console="off"))
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+        if self.run is not None:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows)})
+
+    def log_image(self, key: str, path: str | Path) -> None:
+        if self.run is not None and Path(path).exists():
+            import wandb
+
+            self.run.log({key: wandb.Image(str(path))})
+
+    def summary(self, values: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.summary.update(values)
+
+    @property
+    def url_or_dir(self) -> str:
+        if self.run is None:
+            return ""
+        if getattr(self.run, "offline", False):
+            return str(Path(self.run.dir).parent)
+        return self.run.url or str(Path(self.run.dir).parent)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()

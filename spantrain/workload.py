@@ -1,0 +1,367 @@
+"""The workload: a model as a list of layers, plus global batch, sequence length, precision.
+
+Layers are what a plan's half-open layer ranges index: embedding first, one entry per
+transformer block, head last. Every per-layer figure is *per sample* (one sequence of
+`seq_len` tokens), so the cost model scales it by the micro-batch size.
+
+Formulas (s = sequence length, h = hidden size, f = FFN hidden size, a = attention
+heads, V = vocabulary, p = bytes per activation element: 2 for fp16/bf16, 4 for fp32).
+A matmul of an (s x m) input by an (m x n) weight costs 2smn FLOPs forward; its
+backward costs the same again for the input gradient (B) and again for the weight
+gradient (W). Attention scores QK^T and the weighted sum AV have no weights: 2s^2h
+FLOPs each forward, twice that in B, nothing in W.
+
+- Block, GPT-2/BERT (LayerNorm, biases, GELU MLP):
+  params = 4h^2 + 4h (QKV + output projection) + 2hf + f + h (MLP) + 4h (two LayerNorms)
+  forward = 2s(4h^2 + 2hf) + 4s^2h; B = 2s(4h^2 + 2hf) + 8s^2h; W = 2s(4h^2 + 2hf)
+- Block, Llama (RMSNorm, no biases, SwiGLU MLP with three h x f matrices):
+  params = 4h^2 + 3hf + 2h; forward = 2s(4h^2 + 3hf) + 4s^2h (B and W as above)
+- Embedding: token table Vh (+ learned positions s_max*h for GPT-2/BERT, + 2h token
+  types and a 2h LayerNorm for BERT); forward is a lookup, counted as s*h adds; no W
+  FLOPs beyond the scatter (counted as s*h).
+- Head: final norm (2h, or h for RMSNorm) and an untied V x h projection (forward 2shV);
+  BERT's MLM head adds an h x h transform with LayerNorm and an output bias V.
+  The runtime trains the projection untied: in a pipeline the head lives on another
+  device than the embedding. Published parameter totals count a tied projection once:
+  `Workload.unique_params` does the same, so it matches them (GPT-2 small 124M, XL
+  1.56B, BERT-large 335M); Llama-2 is untied (6.74B).
+- Boundary bytes (the activation a stage sends on; the same size flows back as its
+  gradient): s*h*p for the embedding and every block; 0 for the head (the loss stays).
+- Activation memory kept for backward (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation", no recomputation, no sequence parallelism), scaled by p/2 from their
+  16-bit figures: attention 11sh (+ 5as^2 for the score matrices unless the attention is
+  memory-efficient / flash, which keeps O(s) statistics instead), MLP 3sh + 4sf for GELU
+  (19sh at f = 4h) or 2sh + 8sf for SwiGLU, LayerNorms 4sh. Embedding: its output and
+  dropout mask, 3sh (scaled). Head: its input s*h*p plus fp32 logits 4sV for the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from spantrain._spec import check_keys, nonempty_str, nonneg_number, positive_int, read_structured
+from spantrain.errors import WorkloadError
+
+__all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "load_workload"]
+
+PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2}
+"""Bytes per activation element for each training precision."""
+
+Family = Literal["gpt2", "llama", "bert"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """One layer of the model; every figure is per sample (one sequence)."""
+
+    name: str
+    """Readable name, e.g. ``block-3``."""
+    kind: str
+    """``embedding``, ``block``, ``head`` or a free label for custom layers."""
+    forward_flops: float
+    """Forward FLOPs per sample."""
+    input_grad_flops: float
+    """Backward FLOPs for the input gradient (the zero-bubble "B") per sample."""
+    weight_grad_flops: float
+    """Backward FLOPs for the weight gradient (the zero-bubble "W") per sample."""
+    params: int
+    """Number of parameters."""
+    boundary_bytes: float
+    """Bytes of this layer's output per sample: sent to the next stage if a stage ends here."""
+    activation_bytes: float
+    """Bytes of activations kept for backward per sample (in flight per micro-batch)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """The shape of a transformer model, enough for the runtime to build it."""
+
+    family: Family
+    """``gpt2`` (LayerNorm, GELU, learned positions), ``llama`` (RMSNorm, SwiGLU, RoPE)
+    or ``bert`` (bidirectional encoder with MLM head)."""
+    vocab_size: int
+    """Vocabulary size V."""
+    d_model: int
+    """Hidden size h."""
+    n_layers: int
+    """Number of transformer blocks."""
+    n_heads: int
+    """Attention heads a."""
+    d_ff: int
+    """FFN hidden size f."""
+    max_seq_len: int
+    """Longest sequence (size of the learned position table where there is one)."""
+    flash_attention: bool = True
+    """Memory-efficient attention: no s^2 score matrices kept for backward."""
+
+    def __post_init__(self) -> None:
+        if self.family not in ("gpt2", "llama", "bert"):
+            raise WorkloadError(f"architecture.family: unknown family {self.family!r} (gpt2, llama or bert)")
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise WorkloadError(f"architecture.{f} must be a positive integer, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise WorkloadError(f"architecture.d_model ({self.d_model}) must be divisible by "
+                                f"n_heads ({self.n_heads})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What to train: layers, batch and precision."""
+
+    name: str
+    """Preset or file name."""
+    layers: tuple[Layer, ...]
+    """Embedding first, head last; plan layer ranges index this tuple."""
+    global_batch: int
+    """Samples per iteration that planners aim at."""
+    seq_len: int
+    """Tokens per sample."""
+    precision: str = "bf16"
+    """``fp32``, ``fp16`` or ``bf16`` (the last two: mixed precision with fp32 master weights)."""
+    arch: Architecture | None = None
+    """The architecture when the model is a known family; the runtime needs it."""
+    tied_embeddings: bool = False
+    """Whether the published model ties the head to the embedding (counted once in `unique_params`)."""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise WorkloadError(f"workload {self.name!r}: needs at least one layer")
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise WorkloadError(f"workload {self.name!r}: global_batch must be a positive integer, "
+                                f"got {self.global_batch!r}")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
+            raise WorkloadError(f"workload {self.name!r}: seq_len must be a positive integer, got {self.seq_len!r}")
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(f"workload {self.name!r}: precision must be one of "
+                                f"{', '.join(PRECISIONS)}, got {self.precision!r}")
+
+    # ---- views ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def bytes_per_element(self) -> int:
+        return PRECISIONS[self.precision]
+
+    @property
+    def total_params(self) -> int:
+        """Parameters as trained (head projection untied)."""
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def unique_params(self) -> int:
+        """Parameters counting a tied head projection once, as published totals do."""
+        total = self.total_params
+        if self.tied_embeddings and self.arch is not None:
+            total -= self.arch.vocab_size * self.arch.d_model
+        return total
+
+    @property
+    def forward_flops(self) -> float:
+        """Forward FLOPs per sample over all layers."""
+        return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def train_flops(self) -> float:
+        """Forward + backward FLOPs per sample."""
+        return sum(x.forward_flops + x.input_grad_flops + x.weight_grad_flops for x in self.layers)
+
+    def with_global_batch(self, global_batch: int) -> Workload:
+        return dataclasses.replace(self, global_batch=global_batch)
+
+    # ---- constructors ------------------------------------------------------------------
+
+    @classmethod
+    def from_arch(cls, arch: Architecture, *, name: str, global_batch: int, seq_len: int,
+                  precision: str = "bf16", tied_embeddings: bool = False) -> Workload:
+        if seq_len > arch.max_seq_len:
+            raise WorkloadError(f"workload {name!r}: seq_len {seq_len} exceeds the architecture's "
+                                f"max_seq_len {arch.max_seq_len}")
+        if precision not in PRECISIONS:
+            raise WorkloadError(f"workload {name!r}: precision must be one of {', '.join(PRECISIONS)}")
+        layers = _transformer_layers(arch, seq_len, PRECISIONS[precision])
+        return cls(name=name, layers=tuple(layers), global_batch=global_batch, seq_len=seq_len,
+                   precision=precision, arch=arch, tied_embeddings=tied_embeddings)
+
+    @classmethod
+    def from_preset(cls, name: str, *, global_batch: int | None = None, seq_len: int | None = None) -> Workload:
+        if name not in PRESETS:
+            raise WorkloadError(f"unknown model {name!r}: use a preset ({', '.join(PRESETS)}) "
+                                "or a workload YAML file")
+        p = PRESETS[name]
+        return cls.from_arch(p["arch"], name=name, global_batch=global_batch or p["global_batch"],
+                             seq_len=seq_len or p["seq_len"], precision=p["precision"],
+                             tied_embeddings=p["tied"])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Workload:
+        return _parse_workload(read_structured(path, WorkloadError), str(path))
+
+    @classmethod
+    def from_spec(cls, spec: Any, source: str = "workload") -> Workload:
+        return _parse_workload(spec, source)
+
+
+def load_workload(model: str, *, global_batch: int | None = None) -> Workload:
+    """A preset by name, or a workload YAML/JSON file by path (what ``--model`` accepts)."""
+    if model in PRESETS:
+        return Workload.from_preset(model, global_batch=global_batch)
+    path = Path(model)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        w = Workload.from_file(path)
+        return w.with_global_batch(global_batch) if global_batch else w
+    raise WorkloadError(f"unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
+
+
+# ---- formulas ------------------------------------------------------------------------------
+
+def _transformer_layers(arch: Architecture, s: int, p: int) -> list[Layer]:
+    h, f, a, V = arch.d_model, arch.d_ff, arch.n_heads, arch.vocab_size
+    scale = p / 2  # Korthikanti's figures are for 16-bit activations
+    layers: list[Layer] = []
+
+    if arch.family == "gpt2":
+        emb_params = V * h + arch.max_seq_len * h
+    elif arch.family == "bert":
+        emb_params = V * h + arch.max_seq_len * h + 2 * h + 2 * h
+    else:
+        emb_params = V * h
+    layers.append(Layer(name="embedding", kind="embedding", forward_flops=s * h, input_grad_flops=0.0,
+                        weight_grad_flops=s * h, params=emb_params, boundary_bytes=s * h * p,
+                        activation_bytes=3 * s * h * scale))
+
+    if arch.family == "llama":
+        mm = 4 * h * h + 3 * h * f
+        block_params = mm + 2 * h
+        mlp_act = 2 * s * h + 8 * s * f
+    else:
+        mm = 4 * h * h + 2 * h * f
+        block_params = mm + 4 * h + f + h + 4 * h
+        mlp_act = 3 * s * h + 4 * s * f
+    attn_flops = 4 * s * s * h
+    attn_act = 11 * s * h + (0 if arch.flash_attention else 5 * a * s * s)
+    block_act = (attn_act + mlp_act + 4 * s * h) * scale
+    for i in range(arch.n_layers):
+        layers.append(Layer(name=f"block-{i}", kind="block", forward_flops=2 * s * mm + attn_flops,
+                            input_grad_flops=2 * s * mm + 2 * attn_flops, weight_grad_flops=2 * s * mm,
+                            params=block_params, boundary_bytes=s * h * p, activation_bytes=block_act))
+
+    head_mm = h * V
+    if arch.family == "bert":
+        head_mm += h * h
+        head_params = h * V + h * h + h + 2 * h + V
+    elif arch.family == "llama":
+        head_params = h * V + h
+    else:
+        head_params = h * V + 2 * h
+    layers.append(Layer(name="head", kind="head", forward_flops=2 * s * head_mm, input_grad_flops=2 * s * head_mm,
+                        weight_grad_flops=2 * s * head_mm, params=head_params, boundary_bytes=0.0,
+                        activation_bytes=s * h * p + 4 * s * V))
+    return layers
+
+
+def _arch(family: Family, V: int, h: int, L: int, a: int, f: int, smax: int) -> Architecture:
+    return Architecture(family=family, vocab_size=V, d_model=h, n_layers=L, n_heads=a, d_ff=f, max_seq_len=smax)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Byte-level, small enough that a step of the whole batch takes well under a second on a CPU.
+    "tiny-gpt": {"arch": _arch("gpt2", 256, 128, 6, 4, 512, 128), "seq_len": 64, "global_batch": 32,
+                 "precision": "fp32", "tied": False},
+    "gpt2-small": {"arch": _arch("gpt2", 50257, 768, 12, 12, 3072, 1024), "seq_len": 1024, "global_batch": 64,
+                   "precision": "bf16", "tied": True},
+    "gpt2-medium": {"arch": _arch("gpt2", 50257, 1024, 24, 16, 4096, 1024), "seq_len": 1024,
+                    "global_batch": 64, "precision": "bf16", "tied": True},
+    "gpt2-large": {"arch": _arch("gpt2", 50257, 1280, 36, 20, 5120, 1024), "seq_len": 1024, "global_batch": 64,
+                   "precision": "bf16", "tied": True},
+    "gpt2-xl": {"arch": _arch("gpt2", 50257, 1600, 48, 25, 6400, 1024), "seq_len": 1024, "global_batch": 64,
+                "precision": "bf16", "tied": True},
+    "bert-large": {"arch": _arch("bert", 30522, 1024, 24, 16, 4096, 512), "seq_len": 512, "global_batch": 128,
+                   "precision": "bf16", "tied": True},
+    "llama2-7b": {"arch": _arch("llama", 32000, 4096, 32, 32, 11008, 4096), "seq_len": 4096, "global_batch": 32,
+                  "precision": "bf16", "tied": False},
+}
+"""Named models: architecture and the defaults `--model NAME` uses."""
+
+
+# ---- YAML form -------------------------------------------------------------------------------
+
+_LAYER_KEYS = {"name", "kind", "count", "forward_flops", "input_grad_flops", "weight_grad_flops", "params",
+               "boundary_bytes", "activation_bytes"}
+
+
+def _parse_workload(spec: Any, source: str) -> Workload:
+    """Parse the YAML form: either `architecture:` (layers derived) or an explicit `layers:` list."""
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{source}: expected a mapping with name, global_batch, seq_len and "
+                            "architecture or layers")
+    problems: list[str] = []
+    check_keys(spec, {"name", "global_batch", "seq_len", "precision", "architecture", "layers", "tied_embeddings"},
+               {"global_batch", "seq_len"}, source, problems)
+    name = spec.get("name", Path(source).stem)
+    gb = positive_int(spec, "global_batch", source, problems)
+    s = positive_int(spec, "seq_len", source, problems)
+    precision = spec.get("precision", "bf16")
+    if precision not in PRECISIONS:
+        problems.append(f"{source}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if ("architecture" in spec) == ("layers" in spec):
+        problems.append(f"{source}: give exactly one of 'architecture' or 'layers'")
+    if problems:
+        raise WorkloadError("; ".join(problems))
+    if "architecture" in spec:
+        raw = spec["architecture"]
+        if not isinstance(raw, dict):
+            raise WorkloadError(f"{source}: architecture must be a mapping")
+        fields = {f.name for f in dataclasses.fields(Architecture)}
+        unknown = set(raw) - fields
+        if unknown:
+            raise WorkloadError(f"{source}: architecture: unknown key(s) {', '.join(sorted(unknown))} "
+                                f"(allowed: {', '.join(sorted(fields))})")
+        try:
+            arch = Architecture(**raw)
+        except TypeError as e:
+            raise WorkloadError(f"{source}: architecture: {e}") from None
+        return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
+                                  tied_embeddings=bool(spec.get("tied_embeddings", False)))
+    layers = list(_parse_layers(spec["layers"], source, problems))
+    if problems:
+        raise WorkloadError("; ".join(problems))
+    return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
+
+
+def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]:
+    if not isinstance(raw, list) or not raw:
+        problems.append(f"{source}: layers must be a non-empty list")
+        return
+    for k, entry in enumerate(raw):
+        where = f"{source}: layers[{k}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: expected a mapping")
+            continue
+        check_keys(entry, _LAYER_KEYS, {"name", "forward_flops", "params", "boundary_bytes", "activation_bytes"},
+                   where, problems)
+        name = nonempty_str(entry, "name", where, problems)
+        fwd = nonneg_number(entry, "forward_flops", where, problems)
+        vals = {key: nonneg_number(entry, key, where, problems)
+                for key in ("params", "boundary_bytes", "activation_bytes")}
+        b = nonneg_number(entry, "input_grad_flops", where, problems) if "input_grad_flops" in entry else fwd
+        w = nonneg_number(entry, "weight_grad_flops", where, problems) if "weight_grad_flops" in entry else fwd
+        count = positive_int(entry, "count", where, problems) if "count" in entry else 1
+        if None in (name, fwd, b, w, count) or None in vals.values():
+            continue
+        names = [name] if "count" not in entry else [f"{name}-{i}" for i in range(count)]
+        for n in names:
+            yield Layer(name=n, kind=str(entry.get("kind", "custom")), forward_flops=fwd, input_grad_flops=b,
+                        weight_grad_flops=w, params=int(vals["params"]), boundary_bytes=vals["boundary_bytes"],
+                        activation_bytes=vals["activation_bytes"])
