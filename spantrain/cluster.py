@@ -259,41 +259,41 @@ class Cluster:
     # ---- internals ---------------------------------------------------------------------
 
     def _network_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self.devices)
-        regions = [d.region for d in self.devices]
-        bw = np.empty((n, n))
-        lat = np.empty((n, n))
-        cache: dict[tuple[str, str], NetLink] = {}
-        for i in range(n):
-            for j in range(n):
-                key = (regions[i], regions[j])
-                link = cache.get(key)
-                if link is None:
-                    link = cache[key] = self.network.between(*key)
-                bw[i, j] = link.bytes_per_s
-                lat[i, j] = link.latency_s
-        return bw, lat
+        """Arrays implied by the declarative network alone (no device-pair overrides)."""
+        regions = list(dict.fromkeys(d.region for d in self.devices))
+        r = len(regions)
+        region_bw = np.empty((r, r))
+        region_lat = np.empty((r, r))
+        for a in range(r):
+            for b in range(r):
+                link = self.network.between(regions[a], regions[b])
+                region_bw[a, b] = link.bytes_per_s
+                region_lat[a, b] = link.latency_s
+        pos = {name: k for k, name in enumerate(regions)}
+        idx = np.array([pos[d.region] for d in self.devices], dtype=np.int64)
+        return region_bw[np.ix_(idx, idx)], region_lat[np.ix_(idx, idx)]
 
     def _overrides(self) -> list[dict[str, Any]]:
+        """Device pairs whose arrays differ from the declarative network, as spec entries."""
         base_bw, base_lat = self._network_arrays()
+        differs = ~(np.isclose(self.bandwidth, base_bw, rtol=1e-9)
+                    & np.isclose(self.latency, base_lat, rtol=1e-9, atol=1e-15))
+        np.fill_diagonal(differs, False)
         out = []
-        n = len(self)
-        for i in range(n):
-            for j in range(i + 1, n):
-                fwd = (self.bandwidth[i, j], self.latency[i, j])
-                bwd = (self.bandwidth[j, i], self.latency[j, i])
-                same_fwd = _close(fwd, (base_bw[i, j], base_lat[i, j]))
-                same_bwd = _close(bwd, (base_bw[j, i], base_lat[j, i]))
-                if same_fwd and same_bwd:
-                    continue
-                a, b = self.devices[i].id, self.devices[j].id
-                if _close(fwd, bwd):
-                    out.append({"between": [a, b], **_link_spec(*fwd)})
-                    continue
-                if not same_fwd:
-                    out.append({"from": a, "to": b, **_link_spec(*fwd)})
-                if not same_bwd:
-                    out.append({"from": b, "to": a, **_link_spec(*bwd)})
+        ii, jj = np.nonzero(differs | differs.T)
+        for i, j in zip(ii.tolist(), jj.tolist()):
+            if j <= i:
+                continue
+            fwd = (self.bandwidth[i, j], self.latency[i, j])
+            bwd = (self.bandwidth[j, i], self.latency[j, i])
+            a, b = self.devices[i].id, self.devices[j].id
+            if _close(fwd, bwd):
+                out.append({"between": [a, b], **_link_spec(*fwd)})
+                continue
+            if differs[i, j]:
+                out.append({"from": a, "to": b, **_link_spec(*fwd)})
+            if differs[j, i]:
+                out.append({"from": b, "to": a, **_link_spec(*bwd)})
         return out
 
 

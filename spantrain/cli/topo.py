@@ -1,12 +1,64 @@
-"""`spantrain topo`: being written (issue #2)."""
+"""`spantrain topo generate|show`: synthetic cluster specs and a readable view of any spec."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_json_arg, load_cluster, print_json
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("topo", 2))
+    sub = p.add_subparsers(dest="topo_command", metavar="SUBCOMMAND", parser_class=type(p))
+    g = sub.add_parser("generate", help="write a realistic synthetic cluster spec",
+                       description="Write a realistic cluster spec, deterministic by seed.")
+    g.add_argument("--devices", "-n", type=int, required=True, help="number of devices (2-4096)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--profile", choices=("cee", "geo", "datacenter"), default="cee",
+                   help="cloud/edge/end tiers, geo-distributed cities, or one data centre (default cee)")
+    g.add_argument("--name", help="cluster name (default PROFILE-N-sSEED)")
+    g.add_argument("-o", "--output", metavar="FILE", help="spec file to write (.yaml or .json); stdout if absent")
+    g.set_defaults(func=_generate)
+
+    s = sub.add_parser("show", help="print a cluster spec as tables, optionally plot it",
+                       description="Print regions, devices and links of a cluster spec; optionally plot it.")
+    s.add_argument("spec", metavar="FILE", help="cluster spec (YAML or JSON)")
+    s.add_argument("--plot", metavar="PNG", help="also draw the topology to this PNG")
+    add_json_arg(s)
+    s.set_defaults(func=_show)
+    p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from spantrain.profiler.topology import generate
+
+    cluster = generate(args.devices, seed=args.seed, profile=args.profile, name=args.name)
+    if args.output:
+        cluster.save(args.output)
+        print(f"wrote {args.output}: {len(cluster)} devices in {len(cluster.regions)} regions "
+              f"({args.profile}, seed {args.seed})", file=sys.stderr)
+    else:
+        sys.stdout.write(yaml.safe_dump(cluster.to_spec(), sort_keys=False, default_flow_style=None, width=100))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from spantrain.profiler.topoview import plot_topology, region_links, region_summary, tables
+
+    cluster = load_cluster(args.spec)
+    if args.plot:
+        plot_topology(cluster, args.plot)
+    if args.json:
+        print_json({"name": cluster.name, "devices": len(cluster), "regions": region_summary(cluster),
+                    "links": region_links(cluster), "plot": args.plot})
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    for t in tables(cluster):
+        console.print(t)
+    if args.plot:
+        console.print(f"plot written to {args.plot}")
+    return 0

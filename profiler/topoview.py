@@ -1,0 +1,236 @@
+"""Human views of a cluster: rich tables and a topology plot."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from spantrain.cluster import GBPS, Cluster
+
+__all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps"]
+
+_TIER_ORDER = {"cloud": 0, "edge": 1, "end": 2}
+
+
+def format_gbps(gbps: float) -> str:
+    if gbps >= 1:
+        return f"{gbps:.3g} Gb/s"
+    return f"{gbps * 1000:.3g} Mb/s"
+
+
+def region_summary(cluster: Cluster) -> list[dict]:
+    """Per region: tier, devices, GPU mix, total TFLOP/s and memory, LAN bandwidth/latency."""
+    out = []
+    idx = cluster.region_index
+    for k, region in enumerate(cluster.regions):
+        members = [d for d, r in zip(cluster.devices, idx) if r == k]
+        pos = np.nonzero(idx == k)[0]
+        if len(pos) > 1:
+            sub_bw = cluster.bandwidth[np.ix_(pos, pos)]
+            sub_lat = cluster.latency[np.ix_(pos, pos)]
+            off = ~np.eye(len(pos), dtype=bool)
+            lan_gbps, lan_ms = float(np.median(sub_bw[off])) / GBPS, float(np.median(sub_lat[off])) * 1e3
+        else:
+            link = cluster.network.regions[region]
+            lan_gbps, lan_ms = link.gbps, link.latency_ms
+        gpus = Counter(d.gpu or "?" for d in members)
+        out.append({"region": region, "tier": members[0].tier, "devices": len(members),
+                    "gpus": ", ".join(f"{c}x {g}" for g, c in gpus.most_common()),
+                    "tflops": sum(d.tflops for d in members), "memory_gb": sum(d.memory_gb for d in members),
+                    "lan_gbps": lan_gbps, "lan_ms": lan_ms})
+    return out
+
+
+def region_links(cluster: Cluster) -> list[dict]:
+    """Median bandwidth and latency for every ordered pair of different regions."""
+    bw, lat = _region_pair_stats(cluster)
+    regions = cluster.regions
+    return [{"from": regions[a], "to": regions[b], "gbps": float(bw[a, b]), "latency_ms": float(lat[a, b])}
+            for a in range(len(regions)) for b in range(len(regions)) if a != b]
+
+
+def _region_pair_stats(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """Median bandwidth (Gbit/s) and latency (ms) between every pair of regions."""
+    idx = cluster.region_index
+    r = len(cluster.regions)
+    bw = np.zeros((r, r))
+    lat = np.zeros((r, r))
+    groups = [np.nonzero(idx == k)[0] for k in range(r)]
+    for a in range(r):
+        for b in range(r):
+            block_bw = cluster.bandwidth[np.ix_(groups[a], groups[b])]
+            block_lat = cluster.latency[np.ix_(groups[a], groups[b])]
+            if a == b:
+                mask = ~np.eye(len(groups[a]), dtype=bool)
+                if not mask.any():
+                    link = cluster.network.regions[cluster.regions[a]]
+                    bw[a, b], lat[a, b] = link.gbps, link.latency_ms
+                    continue
+                block_bw, block_lat = block_bw[mask], block_lat[mask]
+            bw[a, b] = float(np.median(block_bw)) / GBPS
+            lat[a, b] = float(np.median(block_lat)) * 1e3
+    return bw, lat
+
+
+def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_compact: int = 16):
+    """Rich renderables: regions, devices (first `max_devices`), and links by region pair."""
+    from rich.table import Table
+
+    total_tf = sum(d.tflops for d in cluster.devices)
+    total_mem = sum(d.memory_gb for d in cluster.devices)
+    out = []
+    t = Table(title=f"{cluster.name}: {len(cluster)} devices in {len(cluster.regions)} regions, "
+                    f"{total_tf:,.0f} TFLOP/s, {total_mem:,.0f} GB")
+    for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
+        t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
+    for s in region_summary(cluster):
+        t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], f"{s['tflops']:,.0f}",
+                  f"{s['memory_gb']:,.0f}", format_gbps(s["lan_gbps"]), f"{s['lan_ms']:.3g} ms")
+    out.append(t)
+
+    if len(cluster) <= max_devices:
+        t = Table(title="devices")
+        for col in ("id", "region", "tier", "gpu", "TFLOP/s", "memory GB"):
+            t.add_column(col, justify="right" if col in ("TFLOP/s", "memory GB") else "left")
+        for d in cluster.devices:
+            t.add_row(d.id, d.region, d.tier, d.gpu, f"{d.tflops:g}", f"{d.memory_gb:g}")
+        out.append(t)
+
+    bw, lat = _region_pair_stats(cluster)
+    regions = cluster.regions
+    if len(regions) <= max_matrix:
+        t = Table(title="links between regions (median bandwidth / latency)")
+        t.add_column("from \\ to")
+        for r in regions:
+            t.add_column(r, justify="right")
+        for a, ra in enumerate(regions):
+            t.add_row(ra, *[f"{format_gbps(bw[a, b])}\n{lat[a, b]:.3g} ms" for b in range(len(regions))])
+        out.append(t)
+    elif len(regions) <= max_compact:
+        t = Table(title="bandwidth between regions (Gbit/s, median; latency in `topo show --json`)")
+        t.add_column("from \\ to")
+        for k in range(len(regions)):
+            t.add_column(str(k), justify="right")
+        for a, ra in enumerate(regions):
+            t.add_row(f"{a} {ra}", *[f"{bw[a, b]:.2g}" for b in range(len(regions))])
+        out.append(t)
+    else:
+        # Too many regions for a matrix: summarize by tier pair.
+        tiers = [s["tier"] for s in region_summary(cluster)]
+        pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for a in range(len(regions)):
+            for b in range(a + 1, len(regions)):
+                key = tuple(sorted((tiers[a], tiers[b]), key=lambda x: _TIER_ORDER.get(x, 9)))
+                pairs.setdefault(key, []).append((bw[a, b], lat[a, b]))
+        t = Table(title="links between regions, by tier pair")
+        for col in ("tiers", "region pairs", "bandwidth min / median / max", "latency min / median / max"):
+            t.add_column(col)
+        for key, vals in sorted(pairs.items()):
+            b = np.array([v[0] for v in vals])
+            lt = np.array([v[1] for v in vals])
+            t.add_row(" - ".join(key), str(len(vals)),
+                      " / ".join(format_gbps(x) for x in (b.min(), np.median(b), b.max())),
+                      " / ".join(f"{x:.3g} ms" for x in (lt.min(), np.median(lt), lt.max())))
+        out.append(t)
+    return out
+
+
+def _region_positions(cluster: Cluster) -> tuple[dict[str, tuple[float, float]], bool]:
+    """Region centres, and whether they are geographic (longitude, latitude)."""
+    from spantrain.profiler.topology import CITIES
+
+    regions = cluster.regions
+    if len(regions) > 1 and all(r in CITIES for r in regions):
+        return {r: (CITIES[r][1], CITIES[r][0]) for r in regions}, True
+    # Concentric rings by tier: cloud inside, end outside.
+    tiers = {d.region: d.tier for d in cluster.devices}
+    rings: dict[int, list[str]] = {}
+    for r in regions:
+        rings.setdefault(_TIER_ORDER.get(tiers[r], 3), []).append(r)
+    pos = {}
+    for level, members in rings.items():
+        radius = 0 if (level == 0 and len(members) == 1) else 1 + level
+        for k, r in enumerate(members):
+            angle = 2 * math.pi * k / len(members) + level * 0.4
+            pos[r] = (radius * math.cos(angle), radius * math.sin(angle))
+    return pos, False
+
+
+def plot_topology(cluster: Cluster, path: str | Path) -> Path:
+    """Regions as labelled discs with their devices around them, links drawn by bandwidth."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import cm, colors
+
+    pos, geo = _region_positions(cluster)
+    regions = cluster.regions
+    bw, lat = _region_pair_stats(cluster)
+    xs = [p[0] for p in pos.values()]
+    ys = [p[1] for p in pos.values()]
+    span = max(1e-9, max(xs) - min(xs), max(ys) - min(ys))
+    scale = span / 40 if geo else 0.25
+
+    fig, ax = plt.subplots(figsize=(12, 8))
+    off = ~np.eye(len(regions), dtype=bool)
+    wan_lat = lat[off] if off.any() else np.array([1.0])
+    lat_norm = colors.LogNorm(vmin=max(1e-3, wan_lat.min()), vmax=max(wan_lat.max(), wan_lat.min() * 1.01, 1e-2))
+    cmap = cm.plasma
+    wan = [(bw[a, b], a, b) for a in range(len(regions)) for b in range(a + 1, len(regions))]
+    if wan:
+        lo, hi = min(w[0] for w in wan), max(w[0] for w in wan)
+        for g, a, b in sorted(wan):
+            width = 0.4 + 5.6 * (math.log10(g / lo) / math.log10(hi / lo) if hi > lo else 0.5)
+            (x0, y0), (x1, y1) = pos[regions[a]], pos[regions[b]]
+            ax.plot([x0, x1], [y0, y1], color=cmap(lat_norm(lat[a, b])), lw=width,
+                    alpha=0.55 if len(wan) < 60 else 0.25, zorder=1)
+
+    gpus = sorted({d.gpu for d in cluster.devices})
+    gpu_colors = {g: cm.tab10(i % 10) for i, g in enumerate(gpus)}
+    idx = cluster.region_index
+    for k, r in enumerate(regions):
+        x, y = pos[r]
+        members = [d for d, ri in zip(cluster.devices, idx) if ri == k]
+        n = len(members)
+        ring = scale * (0.6 + 0.15 * math.sqrt(n))
+        ax.add_patch(plt.Circle((x, y), ring * 1.3, color="0.92", ec="0.5", zorder=2))
+        for j, d in enumerate(members):
+            ang = 2 * math.pi * j / max(1, n)
+            rad = 0 if n == 1 else ring
+            ax.scatter(x + rad * math.cos(ang), y + rad * math.sin(ang), s=12 + 0.5 * d.tflops,
+                       color=gpu_colors[d.gpu], edgecolor="k", linewidth=0.3, zorder=3)
+        if len(regions) <= 60:
+            ax.annotate(f"{r}\n{n} dev, {bw[k, k]:.3g} Gb/s", (x, y - ring * 1.45), ha="center", va="top",
+                        fontsize=7, zorder=4)
+    for g in gpus:
+        ax.scatter([], [], color=gpu_colors[g], edgecolor="k", label=g)
+    ax.legend(title="GPU (marker size ~ TFLOP/s)", loc="upper left", fontsize=7, title_fontsize=8,
+              framealpha=0.85)
+    if len(regions) > 1:
+        sm = cm.ScalarMappable(norm=lat_norm, cmap=cmap)
+        bar = fig.colorbar(sm, ax=ax, orientation="horizontal", fraction=0.04, pad=0.06, aspect=40,
+                           label="latency between regions (ms)")
+        bar.ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        bar.ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    note = "line width ~ log bandwidth"
+    if cluster.network.default is not None and not cluster.network.links:
+        note += f"; one fabric: {format_gbps(cluster.network.default.gbps)}, {cluster.network.default.latency_ms:g} ms"
+    ax.set_title(f"{cluster.name}: {len(cluster)} devices, {len(regions)} regions ({note})", fontsize=10)
+    ax.set_aspect("equal")
+    ax.autoscale_view()
+    if geo:
+        ax.set_xlabel("longitude")
+        ax.set_ylabel("latitude")
+    else:
+        ax.axis("off")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

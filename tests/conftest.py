@@ -1,0 +1,54 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DEMO_SPEC = {
+    "name": "cee-demo",
+    "devices": [
+        {"id": "cloud", "count": 4, "region": "cloud-a", "tier": "cloud", "gpu": "A100-40GB", "tflops": 150,
+         "memory_gb": 40},
+        {"id": "edge-0", "region": "edge-b", "tier": "edge", "gpu": "RTX3090", "tflops": 35, "memory_gb": 24},
+        {"id": "end-0", "region": "end-c", "tier": "end", "gpu": "RTX3060", "tflops": 12, "memory_gb": 12},
+    ],
+    "network": {
+        "regions": {"cloud-a": {"gbps": 100, "latency_ms": 0.02}, "edge-b": {"gbps": 10, "latency_ms": 0.1},
+                    "end-c": {"gbps": 1, "latency_ms": 0.5}},
+        "links": [{"between": ["cloud-a", "edge-b"], "gbps": 0.1, "latency_ms": 30},
+                  {"between": ["edge-b", "end-c"], "gbps": 0.5, "latency_ms": 10}],
+        "default": {"gbps": 0.05, "latency_ms": 80},
+        "overrides": [{"between": ["cloud-0", "cloud-1"], "gbps": 600, "latency_ms": 0.005}],
+    },
+}
+
+
+@pytest.fixture
+def demo_spec() -> dict:
+    """The DESIGN.md example spec, as a fresh dict each time (tests may mutate it)."""
+    return copy.deepcopy(DEMO_SPEC)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run the CLI in-process: returns (exit code, stdout, stderr)."""
+    from spantrain.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -1,0 +1,85 @@
+"""Command-line contract: topo commands work; every bad input exits 2 with one line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+
+def _one_line_error(code: int, out: str, err: str, needle: str) -> None:
+    assert code == 2, (code, out, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert needle in lines[0], lines[0]
+
+
+def test_topo_generate_and_show(run_cli, tmp_path):
+    spec = tmp_path / "c.yaml"
+    code, _, err = run_cli("topo", "generate", "--devices", "12", "--seed", "0", "-o", spec)
+    assert code == 0 and "12 devices" in err
+    code, out, _ = run_cli("topo", "show", spec, "--plot", tmp_path / "c.png")
+    assert code == 0 and "12 devices" in out and "links between regions" in out
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    code, out, _ = run_cli("topo", "show", spec, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["devices"] == 12 and sum(r["devices"] for r in data["regions"]) == 12
+
+
+def test_topo_generate_to_stdout_is_a_spec(run_cli):
+    code, out, _ = run_cli("topo", "generate", "--devices", "5", "--profile", "geo")
+    assert code == 0 and len(yaml.safe_load(out)["devices"]) >= 2
+
+
+def _write(tmp_path, spec) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return str(p)
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda s: s["devices"][1].update(speed=3), "unknown key 'speed'"),
+    (lambda s: s["devices"][1].update(region="mars"), "unknown region 'mars'"),
+    (lambda s: s["devices"][1].update(tflops=-3), "tflops must be a positive number"),
+    (lambda s: s["devices"][1].update(memory_gb="lots"), "memory_gb must be a positive number, got 'lots'"),
+    (lambda s: s["network"]["regions"]["edge-b"].update(gbps=0), "gbps must be a positive number"),
+    (lambda s: s["network"]["links"][0].update(latency_ms="far"), "latency_ms must be a number >= 0"),
+    (lambda s: s["devices"][2].update(id="edge-0"), "duplicate device id 'edge-0'"),
+    (lambda s: s.update(devices=[]), "the cluster is empty"),
+])
+def test_bad_spec_inputs_exit_2_with_one_line(run_cli, tmp_path, demo_spec, mutate, needle):
+    mutate(demo_spec)
+    code, out, err = run_cli("topo", "show", _write(tmp_path, demo_spec))
+    _one_line_error(code, out, err, needle)
+
+
+def test_missing_file_and_syntax_errors(run_cli, tmp_path):
+    code, out, err = run_cli("topo", "show", tmp_path / "nope.yaml")
+    _one_line_error(code, out, err, "file not found")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("devices: [{id: a, region: r\nnetwork: {")
+    code, out, err = run_cli("topo", "show", bad)
+    _one_line_error(code, out, err, "YAML syntax error")
+    badj = tmp_path / "bad.json"
+    badj.write_text('{"devices": [}')
+    code, out, err = run_cli("topo", "show", badj)
+    _one_line_error(code, out, err, "JSON syntax error")
+
+
+def test_bad_arguments(run_cli):
+    code, out, err = run_cli("topo", "generate", "--devices", "1")
+    _one_line_error(code, out, err, "from 2 to 4096")
+    code, out, err = run_cli("topo", "generate", "--devices", "many")
+    _one_line_error(code, out, err, "invalid int value")
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "spantrain", "topo", "show", str(tmp_path / "x.yaml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1

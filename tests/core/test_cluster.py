@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from spantrain.cluster import GBPS, Cluster
+from spantrain.errors import SpecError
+
+
+def test_design_example_expands_counts_and_fills_arrays(demo_spec):
+    c = Cluster.from_spec(demo_spec)
+    assert c.ids == ["cloud-0", "cloud-1", "cloud-2", "cloud-3", "edge-0", "end-0"]
+    i, j = c.index("cloud-0"), c.index("cloud-2")
+    assert c.bandwidth[i, j] == pytest.approx(100 * GBPS)
+    assert c.latency[i, j] == pytest.approx(0.02e-3)
+    # device-pair override, symmetric
+    a, b = c.index("cloud-0"), c.index("cloud-1")
+    assert c.bandwidth[a, b] == c.bandwidth[b, a] == pytest.approx(600 * GBPS)
+    # listed inter-region link and the default
+    e, n = c.index("edge-0"), c.index("end-0")
+    assert c.bandwidth[i, e] == pytest.approx(0.1 * GBPS) and c.latency[e, i] == pytest.approx(0.030)
+    assert c.bandwidth[i, n] == pytest.approx(0.05 * GBPS) and c.latency[i, n] == pytest.approx(0.080)
+    assert c.bandwidth[e, n] == pytest.approx(0.5 * GBPS)
+    assert np.isinf(c.bandwidth[i, i]) and c.latency[i, i] == 0
+    assert c.device("edge-0").tflops == 35 and c.device("end-0").memory_bytes == 12e9
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_spec_round_trips_through_files(demo_spec, tmp_path, suffix):
+    c = Cluster.from_spec(demo_spec)
+    path = tmp_path / f"c{suffix}"
+    c.save(path)
+    again = Cluster.from_file(path)
+    assert again == c
+    assert again.to_spec() == c.to_spec()
+    # the canonical form is the DESIGN example itself
+    assert c.to_spec() == demo_spec
+
+
+def test_changed_arrays_round_trip_as_overrides(demo_spec, tmp_path):
+    c = Cluster.from_spec(demo_spec)
+    bw = c.bandwidth.copy()
+    lat = c.latency.copy()
+    e, n = c.index("edge-0"), c.index("end-0")
+    bw[e, n] = 0.01 * GBPS          # directional: only edge -> end degrades
+    lat[n, e] = lat[e, n] = 0.2      # symmetric latency change on the same pair
+    changed = c.with_arrays(bandwidth=bw, latency=lat)
+    changed.save(tmp_path / "c.yaml")
+    again = Cluster.from_file(tmp_path / "c.yaml")
+    assert np.allclose(again.bandwidth, changed.bandwidth) and np.allclose(again.latency, changed.latency)
+    overrides = yaml.safe_load((tmp_path / "c.yaml").read_text())["network"]["overrides"]
+    assert any(o.get("from") == "edge-0" and o.get("to") == "end-0" for o in overrides)
+
+
+def test_subset_keeps_links(demo_spec):
+    c = Cluster.from_spec(demo_spec)
+    s = c.subset(["cloud-1", "end-0"])
+    assert s.ids == ["cloud-1", "end-0"]
+    assert s.bandwidth[0, 1] == c.bandwidth[c.index("cloud-1"), c.index("end-0")]
+    assert Cluster.from_spec(s.to_spec()) == s
+
+
+def _mutate(spec, path, value):
+    obj = spec
+    for key in path[:-1]:
+        obj = obj[key]
+    if value is KeyError:
+        del obj[path[-1]]
+    else:
+        obj[path[-1]] = value
+    return spec
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("devices", 1, "colour"), "red", "unknown key 'colour'"),
+    (("devices", 1, "region"), "edge-z", "unknown region 'edge-z'"),
+    (("devices", 1, "tflops"), 0, "tflops must be a positive number"),
+    (("devices", 1, "tflops"), "fast", "tflops must be a positive number, got 'fast'"),
+    (("devices", 2, "memory_gb"), -4, "memory_gb must be a positive number"),
+    (("devices", 0, "count"), 0, "count must be a positive integer"),
+    (("devices", 1, "id"), "end-0", "duplicate device id 'end-0'"),
+    (("devices",), [], "the cluster is empty"),
+    (("network", "regions", "end-c", "gbps"), 0, "network.regions.end-c: gbps must be a positive number"),
+    (("network", "regions", "end-c", "latency_ms"), "slow", "latency_ms must be a number >= 0"),
+    (("network", "links", 0, "between"), ["cloud-a", "moon"], "unknown region 'moon'"),
+    (("network", "default"), KeyError, "no link between regions 'cloud-a' and 'end-c'"),
+    (("network", "overrides", 0, "between"), ["cloud-0", "cloud-9"], "unknown device 'cloud-9'"),
+    (("network", "bandwidth"), 3, "unknown key 'bandwidth'"),
+])
+def test_bad_specs_name_the_problem(demo_spec, path, value, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Cluster.from_spec(_mutate(demo_spec, path, value))
+
+
+def test_every_problem_is_reported_at_once(demo_spec):
+    demo_spec["devices"][1]["tflops"] = -1
+    demo_spec["devices"][2]["region"] = "nowhere"
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    assert "tflops" in str(err.value) and "nowhere" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_file_errors_are_one_line(tmp_path):
+    with pytest.raises(SpecError, match="file not found"):
+        Cluster.from_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("devices: [\n  {id: a,\n")
+    with pytest.raises(SpecError, match="YAML syntax error at line"):
+        Cluster.from_file(bad)
+    badj = tmp_path / "bad.json"
+    badj.write_text(json.dumps({"devices": []})[:-3])
+    with pytest.raises(SpecError, match="JSON syntax error"):
+        Cluster.from_file(badj)

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+
+from spantrain.cluster import Cluster
+from spantrain.errors import PlanError
+from spantrain.plan import Pipeline, Plan, Stage, Sync
+from spantrain.workload import Workload
+
+W = Workload.from_preset("gpt2-medium")  # 26 layers
+
+
+def _plan(**overrides) -> Plan:
+    base = dict(schedule="zb-h1", sync=Sync(mode="hierarchical"), pipelines=(
+        Pipeline(micro_batch_size=2, num_micro_batches=8, stages=(
+            Stage(devices=("cloud-0",), layers=(0, 14)), Stage(devices=("edge-0",), layers=(14, 26)))),
+        Pipeline(micro_batch_size=4, num_micro_batches=4, stages=(
+            Stage(devices=("cloud-1",), layers=(0, 26)),)),
+    ), predicted={"iteration_s": 1.9, "samples_per_s": 16.8})
+    base.update(overrides)
+    return Plan(**base)
+
+
+def test_plan_round_trips_through_json(tmp_path):
+    plan = _plan()
+    assert Plan.from_json(plan.to_json()) == plan
+    plan.save(tmp_path / "p.json")
+    assert Plan.from_file(tmp_path / "p.json") == plan
+    assert plan.batch == 2 * 8 + 4 * 4
+    assert plan.stage_of("edge-0") == (0, 1) and plan.stage_of("end-0") is None
+
+
+def test_design_example_parses_and_validates(demo_spec):
+    text = ('{"schedule": "zb-h1", "sync": {"mode": "hierarchical", "period": 1}, "pipelines": ['
+            '{"micro_batch_size": 2, "num_micro_batches": 8, "stages": [{"devices": ["cloud-0"], "layers": [0, 14]},'
+            '{"devices": ["edge-0"], "layers": [14, 26]}]}], "predicted": {"iteration_s": 1.9, "samples_per_s": 16.8}}')
+    plan = Plan.from_json(text)
+    plan.validate(Cluster.from_spec(demo_spec), W)
+
+
+def test_validate_reports_every_problem_at_once(demo_spec):
+    c = Cluster.from_spec(demo_spec)
+    bad = _plan(schedule="pipedream", sync=Sync(mode="gossip", period=0), pipelines=(
+        Pipeline(micro_batch_size=0, num_micro_batches=-1, stages=(
+            Stage(devices=("cloud-0",), layers=(0, 10)), Stage(devices=("gpu-9",), layers=(12, 20)))),
+        Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(
+            Stage(devices=("cloud-0",), layers=(0, 26)), Stage(devices=("edge-0", "end-0"), layers=(20, 26)))),
+        Pipeline(micro_batch_size=1, num_micro_batches=1, stages=()),
+    ))
+    with pytest.raises(PlanError) as err:
+        bad.validate(c, W)
+    problems = err.value.problems
+    text = " | ".join(problems)
+    for expected in ["schedule 'pipedream' is unknown", "sync mode 'gossip' is unknown",
+                     "sync period must be a positive integer", "micro_batch_size must be a positive integer",
+                     "num_micro_batches must be a positive integer", "unknown device 'gpu-9'",
+                     "layers [10, 12) are not covered", "layers [20, 26) are not covered",
+                     "device 'cloud-0' is already used", "layers [20, 26) are covered twice",
+                     "needs exactly one device", "pipeline 2: has no stages"]:
+        assert expected in text, f"missing: {expected}\n{text}"
+
+
+def test_layer_range_past_the_model_and_period_without_local_sgd():
+    plan = _plan(sync=Sync(mode="allreduce", period=4), pipelines=(
+        Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(Stage(devices=("a",), layers=(0, 30)),)),))
+    problems = plan.problems(workload=W)
+    assert any("goes past the model's 26 layers" in p for p in problems)
+    assert any("needs mode local-sgd" in p for p in problems)
+    assert _plan(sync=Sync(mode="local-sgd", period=4)).problems(workload=W) == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": ["a"], '
+     '"layers": [0]}]}]}', "layers must be \\[start, end\\] integers"),
+    ('{"pipelines": [], "colour": 1}', "unknown key 'colour'"),
+    ('{"schedule": "1f1b"}', "missing required key 'pipelines'"),
+    ('[1, 2]', "expected a JSON object"),
+    ('{"pipelines": [', "JSON syntax error"),
+])
+def test_malformed_plan_json(text, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(text)

@@ -1,0 +1,57 @@
+"""The package is what pyproject says it is, and the core stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_LEVEL = {"spantrain": "spantrain", "profiler": "spantrain.profiler", "env": "spantrain.env",
+             "policies": "spantrain.policies", "runtime": "spantrain.runtime", "experiments": "spantrain.experiments"}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_package_folder_is_listed_and_mapped():
+    setup = _pyproject()["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    mapping = setup["package-dir"]
+    on_disk = set()
+    for folder, package in TOP_LEVEL.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            name = ".".join([package, *rel.parts]) if rel.parts else package
+            on_disk.add(name)
+            assert Path(mapping[name]) == init.parent.relative_to(ROOT), f"{name} maps elsewhere"
+    assert listed == on_disk, f"listed but missing: {listed - on_disk}; on disk but unlisted: {on_disk - listed}"
+
+
+def test_env_folder_is_not_ignored_by_git():
+    # Common .gitignore templates drop `env/` as a virtualenv; ours must keep the subpackage.
+    result = subprocess.run(["git", "check-ignore", "-q", "env/__init__.py"], cwd=ROOT)
+    assert result.returncode == 1, "env/ is git-ignored"
+
+
+def test_core_imports_no_heavy_frameworks():
+    code = ("import sys, spantrain, spantrain.cluster, spantrain.workload, spantrain.plan, spantrain.estimate, "
+            "spantrain.cli, spantrain.tracking;"
+            "heavy = [m for m in ('torch', 'gymnasium', 'torch_geometric', 'stable_baselines3', 'wandb') "
+            "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_help_lists_every_design_command(run_cli):
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    for command in ("topo", "plan", "simulate", "compare", "train-policy", "profile", "emulate", "run"):
+        assert command in out
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "spantrain", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("spantrain ")
