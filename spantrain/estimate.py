@@ -23,7 +23,8 @@ class Estimate:
     peak_memory_gb: dict[str, float] = field(default_factory=dict)
     """Peak memory per used device id, GB."""
     bubble_fraction: tuple[float, ...] = ()
-    """Per pipeline: idle fraction of its stages' time during the pipelined phase."""
+    """Per pipeline: idle fraction of its stages' time during the pipelined phase
+    (1 - busy / (stages x `pipeline_period_s`))."""
     pipeline_s: tuple[float, ...] = ()
     """Per pipeline: seconds from the first forward to the last backward."""
     exposed_comm_s: float = 0.0
@@ -32,10 +33,15 @@ class Estimate:
     """Seconds the sync would take alone (before overlap)."""
     optimizer_s: float = 0.0
     """Seconds of the optimizer step on the slowest device."""
+    pipeline_period_s: tuple[float, ...] = ()
+    """Per pipeline: steady-state seconds per iteration when each stage starts its next
+    iteration as soon as it is done (<= `pipeline_s`; smaller for ZB-H2's parallelogram).
+    The iteration time uses this, not `pipeline_s`."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
                 "feasible": self.feasible, "reasons": list(self.reasons),
                 "peak_memory_gb": dict(self.peak_memory_gb), "bubble_fraction": list(self.bubble_fraction),
                 "pipeline_s": list(self.pipeline_s), "exposed_comm_s": self.exposed_comm_s,
-                "sync_s": self.sync_s, "optimizer_s": self.optimizer_s}
+                "sync_s": self.sync_s, "optimizer_s": self.optimizer_s,
+                "pipeline_period_s": list(self.pipeline_period_s)}

@@ -1,12 +1,99 @@
-"""`spantrain simulate`: not implemented yet (issue #3)."""
+"""`spantrain simulate`: predict one iteration of a plan with the cost model."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("simulate", 3))
+    add_cluster_arg(p)
+    add_model_args(p)
+    p.add_argument("--plan", "-p", required=True, metavar="FILE", help="plan JSON file")
+    add_json_arg(p)
+    p.add_argument("--timeline", metavar="PNG", help="also draw a Gantt chart of the iteration to this file")
+    p.set_defaults(func=run)
+
+
+def _stage_rows(model, plan, stage_out):
+    """Per pipeline, per stage: the figures the table and the JSON show."""
+    out = []
+    g = 0
+    for pipe in plan.pipelines:
+        rows = []
+        for st in pipe.stages:
+            d = model.device_index(st.device)
+            f, b, w, _, held, mem = stage_out[g, :6].tolist()
+            rows.append({"device": st.device, "layers": list(st.layers), "f_ms": f * 1e3, "b_ms": b * 1e3,
+                         "w_ms": w * 1e3, "in_flight": int(held), "memory_gb": mem / 1e9,
+                         "capacity_gb": model.memory_capacity(d) / 1e9})
+            g += 1
+        out.append({"micro_batch_size": pipe.micro_batch_size, "num_micro_batches": pipe.num_micro_batches,
+                    "stages": rows})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from spantrain.env.costmodel import CostModel
+    from spantrain.plan import Plan
+
+    cluster = load_cluster(args.cluster)
+    workload = load_model(args)
+    plan = Plan.from_file(args.plan)
+    model = CostModel(cluster, workload, memo=False)
+    arrays = model.flatten(plan)  # raises PlanError naming every problem
+    stage_out, pipe_out, scalars = model.evaluate(arrays)
+    est = model._to_estimate(arrays, stage_out, pipe_out, scalars)
+    pipes = _stage_rows(model, plan, stage_out)
+    if args.timeline:
+        from spantrain.env.reference import trace
+        from spantrain.env.timeline import draw_timeline
+
+        draw_timeline(trace(cluster, workload, plan, model.calibration), args.timeline,
+                      f"{workload.name} on {cluster.name}: {plan.schedule}, {plan.sync.mode} sync, "
+                      f"{est.iteration_s:.3g} s/iteration")
+    if args.json:
+        obj = est.to_dict()
+        obj.update({"schedule": plan.schedule, "sync": plan.sync.to_dict(), "batch": plan.batch,
+                    "global_batch": workload.global_batch, "pipelines": pipes})
+        if args.timeline:
+            obj["timeline"] = args.timeline
+        print_json(obj)
+        return 0
+    _print_human(est, plan, workload, pipes, args.timeline)
+    return 0
+
+
+def _print_human(est, plan, workload, pipes, timeline) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=sys.stdout)
+    for p, pipe in enumerate(pipes):
+        t = Table(title=f"pipeline {p}: micro-batch {pipe['micro_batch_size']} x {pipe['num_micro_batches']}, "
+                        f"{est.pipeline_period_s[p]:.3f} s/iteration, bubble {est.bubble_fraction[p]:.1%}",
+                  title_justify="left")
+        for col in ("stage", "device", "layers", "F ms", "B ms", "W ms", "in flight", "memory GB"):
+            t.add_column(col, justify="left" if col in ("device", "layers") else "right")
+        for s, row in enumerate(pipe["stages"]):
+            over = row["memory_gb"] > row["capacity_gb"]
+            mem = f"{row['memory_gb']:.1f} / {row['capacity_gb']:.1f}"
+            t.add_row(str(s), row["device"], f"[{row['layers'][0]}, {row['layers'][1]})", f"{row['f_ms']:.2f}",
+                      f"{row['b_ms']:.2f}", f"{row['w_ms']:.2f}", str(row["in_flight"]),
+                      f"[bold red]{mem}[/]" if over else mem)
+        con.print(t)
+    con.print(f"schedule {plan.schedule}, sync {plan.sync.mode}"
+              + (f" every {plan.sync.period}" if plan.sync.mode == "local-sgd" else ""))
+    con.print(f"iteration  {est.iteration_s:.4g} s = slowest pipeline {max(est.pipeline_period_s):.4g} s"
+              f" + exposed sync {est.exposed_comm_s:.4g} s + optimizer {est.optimizer_s:.4g} s"
+              f"  (sync alone {est.sync_s:.4g} s)")
+    note = "" if plan.batch == workload.global_batch else f" (workload's global batch is {workload.global_batch})"
+    con.print(f"batch      {plan.batch} samples{note}")
+    if est.feasible:
+        con.print(f"throughput {est.samples_per_s:.4g} samples/s")
+    else:
+        con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+    if timeline:
+        con.print(f"timeline   {timeline}")

@@ -1,0 +1,469 @@
+"""The cost model: predict one training iteration of a plan on a cluster.
+
+`CostModel(cluster, workload)` precomputes everything that depends only on the cluster
+and the workload (per-device, per-sample prefix sums of F/B/W seconds over the layers,
+prefix sums of parameters and activation bytes, the link arrays), so `estimate(plan)`
+only flattens the plan into a few integer arrays and runs one compiled kernel
+(`spantrain.env.kernel`). Planners that search millions of candidates can skip `Plan`
+objects entirely with `estimate_arrays`, or use the building blocks:
+
+- `compute_time(device, a, b, m)`: (F, B, W) seconds of layers [a, b) for m samples;
+- `forward_prefix` / `input_grad_prefix` / `weight_grad_prefix`: the per-sample prefix
+  arrays behind it, shape (devices, layers + 1), for vectorized partitioners;
+- `transfer_time(layer, src, dst, m)`: moving layer `layer`'s output for m samples;
+- `stage_memory(a, b, m, in_flight)`: peak bytes of a candidate stage, with
+  `in_flight(schedule, stage, num_stages, M)` for the micro-batches a schedule keeps;
+- `pipeline_time(schedule, M, f, b, w, ...)`: exact time of one pipeline;
+- `collective_time(devices, nbytes, mode)`: one data-parallel collective;
+- `stage_orders(plan)`: the per-stage op orders the estimate assumed (for the runtime).
+
+Compute time of layers [a, b) on device d for a micro-batch of m samples is
+m x (sum of per-sample layer times) + `Calibration.op_overhead_s`. Per-sample layer
+times are FLOPs / sustained FLOP/s, or, when the device carries measured
+`layer_times` for this workload, the measured seconds / measured batch (linear in the
+micro-batch size), with each layer's backward split into B and W in the ratio of its
+input-gradient to weight-gradient FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
+from spantrain.env.collectives import SYNC_CODES
+from spantrain.env.collectives import collective_time as _collective_time
+from spantrain.env.kernel import evaluate_plan
+from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
+from spantrain.errors import PlanError, SpecError
+from spantrain.estimate import Estimate
+from spantrain.plan import Plan
+from spantrain.workload import Workload
+
+__all__ = ["CostModel", "PipelineTiming", "PlanArrays", "estimate", "layer_time_table"]
+
+
+def layer_time_table(cluster: Cluster, workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sample F, B, W seconds of every layer on every device, each (devices, layers).
+
+    Measured `Device.layer_times[workload.name]` win over FLOP counts (module docstring).
+    """
+    L = workload.num_layers
+    fl = np.array([x.forward_flops for x in workload.layers], dtype=np.float64)
+    bfl = np.array([x.input_grad_flops for x in workload.layers], dtype=np.float64)
+    wfl = np.array([x.weight_grad_flops for x in workload.layers], dtype=np.float64)
+    tot = bfl + wfl
+    share_b = np.divide(bfl, tot, out=np.ones(L), where=tot > 0)
+    n = len(cluster)
+    F = np.empty((n, L))
+    B = np.empty((n, L))
+    W = np.empty((n, L))
+    for i, d in enumerate(cluster.devices):
+        lt = d.layer_times.get(workload.name)
+        if lt is None:
+            F[i] = fl / d.flops
+            B[i] = bfl / d.flops
+            W[i] = wfl / d.flops
+            continue
+        if len(lt.forward_s) != L:
+            raise SpecError(f"device {d.id!r}: layer_times[{workload.name!r}] has {len(lt.forward_s)} layers, "
+                            f"the model has {L}")
+        fw = np.array(lt.forward_s, dtype=np.float64) / lt.batch
+        bwd = np.array(lt.backward_s, dtype=np.float64) / lt.batch
+        F[i] = fw
+        B[i] = bwd * share_b
+        W[i] = bwd - B[i]
+    return F, B, W
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    out = np.zeros((*x.shape[:-1], x.shape[-1] + 1))
+    np.cumsum(x, axis=-1, out=out[..., 1:])
+    return out
+
+
+class PlanArrays(NamedTuple):
+    """A plan flattened for the kernel: pipeline p owns stages pipe_ptr[p]..pipe_ptr[p+1]-1.
+
+    `keys[p]` identifies pipeline p's simulation (schedule, micro-batch size and count,
+    devices, first layer of each stage) for the per-pipeline memo; build with
+    `CostModel.arrays` or `CostModel.flatten`."""
+
+    pipe_ptr: np.ndarray
+    stage_dev: np.ndarray
+    stage_a: np.ndarray
+    stage_b: np.ndarray
+    micro_batch_size: np.ndarray
+    num_micro_batches: np.ndarray
+    schedule: int
+    sync: int
+    period: int
+    keys: tuple
+
+
+@dataclass(frozen=True)
+class PipelineTiming:
+    """One pipeline's simulated timing (see `CostModel.pipeline_time`)."""
+
+    makespan_s: float
+    """First F start to last op end of one iteration."""
+    period_s: float
+    """Steady-state seconds per iteration (`spantrain.env.schedules.period`)."""
+    bubble_fraction: float
+    """1 - busy / (stages x period)."""
+    stage_end_s: tuple[float, ...]
+    """When each stage's last op ends (its gradients are complete)."""
+    in_flight: tuple[int, ...]
+    """Peak micro-batches each stage holds between F and W."""
+
+
+def _pos_int(x: object) -> bool:
+    return type(x) is int and x > 0
+
+
+class CostModel:
+    """Cost model for one cluster and workload; reuse it for every plan on them."""
+
+    def __init__(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None, *,
+                 memo: bool = True):
+        """`memo`: remember each simulated pipeline (by devices, layer cuts, micro-batching
+        and schedule) so plans that share pipelines with earlier ones, as a search's
+        neighbouring candidates do, skip the schedule simulation."""
+        self.cluster = cluster
+        self.workload = workload
+        self.calibration = calibration or Calibration()
+        L = workload.num_layers
+        self.num_layers = L
+        F, B, W = layer_time_table(cluster, workload)
+        self.forward_prefix = _prefix(F)
+        """Seconds per sample of layers [0, k) forward on device i: ``[i, k]``."""
+        self.input_grad_prefix = _prefix(B)
+        """Same for the input-gradient (B) op."""
+        self.weight_grad_prefix = _prefix(W)
+        """Same for the weight-gradient (W) op."""
+        self.boundary_bytes = np.array([x.boundary_bytes for x in workload.layers], dtype=np.float64)
+        """Bytes per sample of layer k's output (what a stage ending with layer k sends)."""
+        self.activation_bytes = np.array([x.activation_bytes for x in workload.layers], dtype=np.float64)
+        """Bytes per sample each layer keeps for backward."""
+        self.params_prefix = _prefix(np.array([float(x.params) for x in workload.layers]))
+        self.activation_prefix = _prefix(self.activation_bytes)
+        self.bandwidth = np.ascontiguousarray(cluster.bandwidth, dtype=np.float64)
+        self.latency = np.ascontiguousarray(cluster.latency, dtype=np.float64)
+        self.flops = np.array([d.flops for d in cluster.devices], dtype=np.float64)
+        self.capacity_bytes = np.array([d.memory_bytes for d in cluster.devices], dtype=np.float64)
+        self.region = cluster.region_index
+        self.calib = self.calibration.vector(workload.bytes_per_element)
+        self._ids = cluster.ids
+        self._index = {d: i for i, d in enumerate(self._ids)}
+        self._memo: dict | None = {} if memo else None
+        self._capacity = self.capacity_bytes.tolist()
+
+    # ---- whole plans -------------------------------------------------------------------
+
+    def flatten(self, plan: Plan) -> PlanArrays:
+        """The plan as kernel arrays; raises `PlanError` with every problem if it is invalid."""
+        sched = SCHEDULE_CODES.get(plan.schedule)
+        sync = SYNC_CODES.get(plan.sync.mode)
+        period = plan.sync.period
+        ok = (sched is not None and sync is not None and _pos_int(period) and (period == 1 or sync == 2)
+              and len(plan.pipelines) > 0)
+        index = self._index
+        L = self.num_layers
+        ptr = [0]
+        dev: list[int] = []
+        lo: list[int] = []
+        hi: list[int] = []
+        mbs: list[int] = []
+        nmb: list[int] = []
+        keys = []
+        used: set[int] = set()
+        for p in plan.pipelines:
+            if not (_pos_int(p.micro_batch_size) and _pos_int(p.num_micro_batches) and p.stages):
+                ok = False
+                break
+            mbs.append(p.micro_batch_size)
+            nmb.append(p.num_micro_batches)
+            expected = 0
+            for st in p.stages:
+                ds = st.devices
+                i = index.get(ds[0]) if len(ds) == 1 else None
+                a, b = st.layers
+                if i is None or i in used or type(a) is not int or type(b) is not int or a != expected or b <= a:
+                    ok = False
+                    break
+                used.add(i)
+                dev.append(i)
+                lo.append(a)
+                hi.append(b)
+                expected = b
+            if not ok or expected != L:
+                ok = False
+                break
+            keys.append((sched, mbs[-1], nmb[-1], tuple(dev[ptr[-1]:]), tuple(lo[ptr[-1]:])))
+            ptr.append(len(dev))
+        if not ok:
+            problems = plan.problems(self.cluster, self.workload)
+            raise PlanError(problems or ["plan does not fit this cluster and workload"])
+        return PlanArrays(np.array(ptr, dtype=np.int64), np.array(dev, dtype=np.int64),
+                          np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64),
+                          np.array(mbs, dtype=np.int64), np.array(nmb, dtype=np.int64), sched, sync, period,
+                          tuple(keys))
+
+    def arrays(self, pipelines: Sequence[tuple[Sequence[int], Sequence[int], int, int]], schedule: str = "1f1b",
+               sync: str = "allreduce", period: int = 1) -> PlanArrays:
+        """Kernel arrays straight from device indices, for searches that skip `Plan` objects.
+
+        `pipelines[p]` = (device index per stage, first layer per stage, micro-batch size,
+        micro-batch count); stage j ends where stage j+1 starts, the last at the model's
+        end. Not validated: pass what `flatten` would accept (see `Plan.problems`).
+        """
+        ptr = [0]
+        dev: list[int] = []
+        lo: list[int] = []
+        hi: list[int] = []
+        keys = []
+        sched = SCHEDULE_CODES[schedule]
+        for devs, starts, m, M in pipelines:
+            dev.extend(devs)
+            lo.extend(starts)
+            hi.extend([*starts[1:], self.num_layers])
+            keys.append((sched, m, M, tuple(devs), tuple(starts)))
+            ptr.append(len(dev))
+        return PlanArrays(np.array(ptr, dtype=np.int64), np.array(dev, dtype=np.int64),
+                          np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64),
+                          np.array([p[2] for p in pipelines], dtype=np.int64),
+                          np.array([p[3] for p in pipelines], dtype=np.int64), sched, SYNC_CODES[sync], period,
+                          tuple(keys))
+
+    def evaluate(self, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw kernel output for flattened arrays: (stage_out, pipe_out, scalars), see
+        `spantrain.env.kernel.evaluate_plan`. No validation: pass `flatten`'s output.
+
+        Pipelines simulated before (same key) are taken from the memo, if enabled."""
+        x = arrays
+        P = len(x.keys)
+        known = np.zeros(P, dtype=np.bool_)
+        known_stage = np.zeros((len(x.stage_dev), 3))
+        known_pipe = np.zeros((P, 3))
+        memo = self._memo
+        ptr = x.pipe_ptr.tolist()
+        if memo is not None:
+            for p, key in enumerate(x.keys):
+                hit = memo.get(key)
+                if hit is not None:
+                    known[p] = True
+                    known_stage[ptr[p]:ptr[p + 1]] = hit[0]
+                    known_pipe[p] = hit[1]
+        out = evaluate_plan(self.forward_prefix, self.input_grad_prefix, self.weight_grad_prefix,
+                            self.boundary_bytes, self.params_prefix, self.activation_prefix, self.activation_bytes,
+                            self.flops, self.bandwidth, self.latency, self.region, x.pipe_ptr, x.stage_dev,
+                            x.stage_a, x.stage_b, x.micro_batch_size, x.num_micro_batches, x.schedule, x.sync,
+                            x.period, self.calib, known, known_stage, known_pipe)
+        if memo is not None and not known.all():
+            if len(memo) > _MEMO_MAX:
+                memo.clear()
+            stage_out, pipe_out, _ = out
+            for p, key in enumerate(x.keys):
+                if not known[p]:
+                    memo[key] = (stage_out[ptr[p]:ptr[p + 1], _MEMO_COLUMNS], pipe_out[p].copy())
+        return out
+
+    def clear_memo(self, keys: Sequence[tuple] | None = None) -> None:
+        """Forget memoized pipeline simulations: those with the given `PlanArrays.keys`, or
+        all (they stay valid while the model lives; this only bounds memory)."""
+        if self._memo is None:
+            return
+        if keys is None:
+            self._memo.clear()
+        for key in keys or ():
+            self._memo.pop(key, None)
+
+    def estimate(self, plan: Plan) -> Estimate:
+        """Predict one iteration of `plan`; raises `PlanError` if the plan is invalid."""
+        arrays = self.flatten(plan)
+        return self._to_estimate(arrays, *self.evaluate(arrays))
+
+    def estimate_arrays(self, arrays: PlanArrays) -> Estimate:
+        """`estimate` for an already flattened (and therefore valid) plan."""
+        return self._to_estimate(arrays, *self.evaluate(arrays))
+
+    def _to_estimate(self, x: PlanArrays, stage_out: np.ndarray, pipe_out: np.ndarray,
+                     scalars: np.ndarray) -> Estimate:
+        ids = self._ids
+        cap = self._capacity
+        peak = {}
+        reasons = []
+        for d, need in zip(x.stage_dev.tolist(), stage_out[:, 5].tolist()):
+            peak[ids[d]] = need / 1e9
+            if need > cap[d]:
+                reasons.append(f"{ids[d]} needs {need / 1e9:.1f} GB, has {cap[d] / 1e9:.1f} GB "
+                               f"(short {(need - cap[d]) / 1e9:.1f} GB)")
+        it, _, alone, exposed, opt = scalars.tolist()
+        batch = sum(key[1] * key[2] for key in x.keys)
+        feasible = not reasons
+        return Estimate(iteration_s=it, samples_per_s=batch / it if feasible and it > 0 else 0.0,
+                        feasible=feasible, reasons=tuple(reasons), peak_memory_gb=peak,
+                        bubble_fraction=tuple(pipe_out[:, 1].tolist()), pipeline_s=tuple(pipe_out[:, 0].tolist()),
+                        exposed_comm_s=exposed, sync_s=alone, optimizer_s=opt,
+                        pipeline_period_s=tuple(pipe_out[:, 2].tolist()))
+
+    def stage_orders(self, plan: Plan) -> list[list[list[tuple[str, int]]]]:
+        """Per pipeline, per stage: the op order this model assumes for `plan`."""
+        x = self.flatten(plan)
+        out = []
+        for p in range(len(x.pipe_ptr) - 1):
+            f, b, w, cfo, cfl, cbo, cbl = self._pipeline_inputs(x, p)
+            out.append(stage_orders(plan.schedule, len(f), int(x.num_micro_batches[p]), f, b, w, cfo,
+                                    comm_backward=cbo, latency=cfl, latency_backward=cbl))
+        return out
+
+    def _pipeline_inputs(self, x: PlanArrays, p: int):
+        """Per-stage op seconds and link times of pipeline p, exactly as the kernel computes them."""
+        g0, g1 = int(x.pipe_ptr[p]), int(x.pipe_ptr[p + 1])
+        m = int(x.micro_batch_size[p])
+        f, b, w = [], [], []
+        cfo, cfl, cbo, cbl = [], [], [], []
+        for g in range(g0, g1):
+            d, a, z = int(x.stage_dev[g]), int(x.stage_a[g]), int(x.stage_b[g])
+            ff, bb, ww = self.compute_time(d, a, z, m)
+            f.append(ff)
+            b.append(bb)
+            w.append(ww)
+            if g < g1 - 1:
+                e = int(x.stage_dev[g + 1])
+                occ, lat = self._link(z - 1, d, e, m)
+                cfo.append(occ)
+                cfl.append(lat)
+                occ, lat = self._link(z - 1, e, d, m)
+                cbo.append(occ)
+                cbl.append(lat)
+        return f, b, w, cfo, cfl, cbo, cbl
+
+    # ---- building blocks ---------------------------------------------------------------
+
+    def device_index(self, device: int | str) -> int:
+        """Position of a device (id or index) in the cluster."""
+        if isinstance(device, str):
+            return self.cluster.index(device)
+        return int(device)
+
+    def compute_time(self, device: int | str, a: int, b: int, m: int) -> tuple[float, float, float]:
+        """(F, B, W) seconds of layers [a, b) on `device` for a micro-batch of m samples.
+        A fused backward takes B + W - op overhead (it pays the overhead once)."""
+        d = self.device_index(device)
+        op = self.calib[0]
+        tf, tb, tw = self.forward_prefix[d], self.input_grad_prefix[d], self.weight_grad_prefix[d]
+        return (m * (tf[b] - tf[a]) + op, m * (tb[b] - tb[a]) + op, m * (tw[b] - tw[a]) + op)
+
+    def _link(self, layer: int, src: int, dst: int, m: int) -> tuple[float, float]:
+        nbytes = m * self.boundary_bytes[layer]
+        return nbytes / self.bandwidth[src, dst] + self.calib[1], float(self.latency[src, dst])
+
+    def transfer_time(self, layer: int, src: int | str, dst: int | str, m: int) -> float:
+        """Seconds to move layer `layer`'s output (or its gradient) for m samples from `src`
+        to `dst`: bytes / bandwidth + per-message overhead + latency."""
+        occ, lat = self._link(layer, self.device_index(src), self.device_index(dst), m)
+        return occ + lat
+
+    @staticmethod
+    def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
+        """Micro-batches stage `stage` keeps between F and W: exact for gpipe and 1f1b, the
+        bound for zero-bubble schedules (their simulated order may keep fewer)."""
+        return min(num_micro_batches, memory_bounds(schedule, num_stages)[stage][1])
+
+    def stage_memory(self, a: int, b: int, m: int, in_flight: int) -> float:
+        """Peak bytes of a stage holding layers [a, b) with micro-batches of m samples and
+        `in_flight` of them kept for backward (see `spantrain.env.kernel`); compare with
+        `memory_capacity(device)`."""
+        c = self.calib
+        params = self.params_prefix[b] - self.params_prefix[a]
+        in_b = self.boundary_bytes[a - 1] if a > 0 else 0.0
+        out_b = self.boundary_bytes[b - 1] if b < self.num_layers else 0.0
+        big = float(self.activation_bytes[a:b].max())
+        return float(params * c[2] + in_flight * m * (self.activation_prefix[b] - self.activation_prefix[a])
+                     + 2.0 * m * (in_b + out_b) + m * big + c[6])
+
+    def memory_capacity(self, device: int | str) -> float:
+        """Bytes of memory `device` offers."""
+        return float(self.capacity_bytes[self.device_index(device)])
+
+    def optimizer_time(self, device: int | str, a: int, b: int) -> float:
+        """Seconds of the AdamW step for layers [a, b) on `device`."""
+        d = self.device_index(device)
+        c = self.calib
+        return float((self.params_prefix[b] - self.params_prefix[a]) * c[4] / (self.flops[d] * c[5]))
+
+    def pipeline_time(self, schedule: str, num_micro_batches: int, f: Sequence[float], b: Sequence[float],
+                      w: Sequence[float], comm: Sequence[float] | None = None, *,
+                      comm_backward: Sequence[float] | None = None, latency: Sequence[float] | None = None,
+                      latency_backward: Sequence[float] | None = None) -> PipelineTiming:
+        """Exact timing of one pipeline given per-stage op seconds and link times (the
+        arguments of `spantrain.env.schedules.stage_orders`). A fused backward lasts
+        b + w - op overhead."""
+        S = len(f)
+        fv = np.asarray(f, dtype=np.float64)
+        bv = np.asarray(b, dtype=np.float64)
+        wv = np.asarray(w, dtype=np.float64)
+        n = max(S - 1, 1)
+
+        def vec(x, default):
+            return np.asarray(x, dtype=np.float64) if x is not None and S > 1 else default
+
+        cfo = vec(comm, np.zeros(n))
+        cbo = vec(comm_backward, cfo)
+        cfl = vec(latency, np.zeros(n))
+        cbl = vec(latency_backward, cfl)
+        kind, _, start, end, per = best_order(SCHEDULE_CODES[schedule], int(num_micro_batches), fv, bv, wv,
+                                              bv + wv - self.calib[0], cfo, cfl, cbo, cbl)
+        makespan = float(end[:, -1].max())
+        busy = float((end - start).sum())
+        peaks = []
+        for s in range(S):
+            c = pk = 0
+            for op in kind[s]:
+                if op == 0:
+                    c += 1
+                    pk = max(pk, c)
+                elif op >= 2:
+                    c -= 1
+            peaks.append(pk)
+        return PipelineTiming(makespan, float(per), 1.0 - busy / (S * per) if per > 0 else 0.0,
+                              tuple(end[:, -1].tolist()), tuple(peaks))
+
+    def collective_time(self, devices: Sequence[int | str], nbytes: float, mode: str = "allreduce") -> float:
+        """Seconds of one data-parallel collective of `nbytes` over `devices` (see
+        `spantrain.env.collectives`; local-sgd is a ring, once per period)."""
+        nodes = np.array([self.device_index(d) for d in devices], dtype=np.int64)
+        code = SYNC_CODES[mode]
+        return float(_collective_time(0 if code == 2 else code, nodes, float(nbytes), self.bandwidth, self.latency,
+                                      self.calib[1], self.region))
+
+
+_MEMO_COLUMNS = [3, 4, 7]
+"""Per-stage kernel outputs a memoized pipeline keeps: end, in-flight, start."""
+_MEMO_MAX = 200_000
+"""Pipelines remembered per model before the memo starts afresh (about 100 bytes each)."""
+
+# A few recent models, so that `estimate(cluster, workload, plan)` in a loop stays fast.
+_MODELS: OrderedDict[tuple[int, int, Calibration | None], CostModel] = OrderedDict()
+_MAX_MODELS = 8
+
+
+def estimate(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibration | None = None) -> Estimate:
+    """Predict one iteration of `plan` (see `CostModel`). Reuses the model built for the
+    same cluster and workload objects the last few times."""
+    key = (id(cluster), id(workload), calibration)
+    model = _MODELS.get(key)
+    if model is None or model.cluster is not cluster or model.workload is not workload:
+        model = CostModel(cluster, workload, calibration)
+        _MODELS[key] = model
+        if len(_MODELS) > _MAX_MODELS:
+            _MODELS.popitem(last=False)
+    else:
+        _MODELS.move_to_end(key)
+    return model.estimate(plan)

@@ -1,0 +1,83 @@
+"""Gantt chart of one simulated iteration: ops and messages per stage, then the sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spantrain.env.reference import Trace
+
+__all__ = ["COLORS", "draw_timeline"]
+
+COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "BW": "#2A9D8F", "act": "#8C8C8C",
+          "grad": "#B07AA1", "sync": "#C44E52", "optimizer": "#8172B3"}
+"""Colour of each op, message direction and phase."""
+
+
+def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
+    """Write a PNG: one row per stage (ops on top, outgoing messages as a thin bar below),
+    pipelines separated by gaps, and below them one row per sync collective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = sum(len(p) for p in tr.ops)
+    n_sync = len(tr.collectives)
+    height = 1.2 + 0.42 * (rows + len(tr.ops)) + (0.35 * min(n_sync, 24) + 0.8 if n_sync else 0)
+    ratios = [rows + len(tr.ops)] + ([max(min(n_sync, 24), 2)] if n_sync else [])
+    fig, axes = plt.subplots(len(ratios), 1, figsize=(14, height), sharex=True,
+                             gridspec_kw={"height_ratios": ratios}, squeeze=False)
+    ax = axes[0][0]
+    labels, ticks = [], []
+    y = 0.0
+    span = max([op.end for p in tr.ops for ops in p for op in ops]
+               + [c.end for c in tr.collectives] + [0.0]) + tr.optimizer_s
+    for p, stages in enumerate(tr.ops):
+        for s, ops in enumerate(stages):
+            bars = {}
+            for op in ops:
+                bars.setdefault(op.kind, []).append((op.start, op.end - op.start))
+            for kind, spans in bars.items():
+                ax.broken_barh(spans, (y, 0.62), facecolors=COLORS[kind], edgecolor="white", linewidth=0.3)
+            sends = [(t.start, t.busy_until - t.start, t.kind) for t in tr.transfers[p]
+                     if (t.kind == "act" and t.stage == s) or (t.kind == "grad" and t.stage == s)]
+            for kind in ("act", "grad"):
+                spans = [(a, d) for a, d, k in sends if k == kind]
+                if spans:
+                    ax.broken_barh(spans, (y + 0.66 + (0.12 if kind == "grad" else 0.0), 0.11),
+                                   facecolors=COLORS[kind], linewidth=0)
+            end = ops[-1].end
+            ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
+            dev = tr.devices[p][s]
+            a, z = tr.layers[p][s]
+            labels.append(f"p{p} s{s} {dev} [{a},{z})")
+            ticks.append(y + 0.45)
+            y += 1.0
+        y += 0.6
+    ax.set_yticks(ticks, labels, fontsize=8)
+    ax.set_ylim(y - 0.4, -0.3)
+    ax.set_xlim(0, span * 1.01)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title or "simulated iteration", fontsize=11)
+    handles = [Patch(color=COLORS[k], label=lab) for k, lab in
+               (("F", "forward F"), ("B", "input grad B"), ("W", "weight grad W"), ("BW", "fused backward"),
+                ("act", "activation send"), ("grad", "gradient send"), ("optimizer", "optimizer step"),
+                ("sync", "sync collective"))]
+    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=8, frameon=False)
+    if n_sync:
+        sx = axes[1][0]
+        shown = tr.collectives[:24]
+        for i, c in enumerate(shown):
+            sx.broken_barh([(c.start, c.end - c.start)], (i, 0.7), facecolors=COLORS["sync"])
+            sx.plot([c.ready], [i + 0.35], marker="|", color="black", markersize=8)
+        sx.set_yticks([i + 0.35 for i in range(len(shown))],
+                      [f"layers [{c.layers[0]},{c.layers[1]}) {c.nbytes / 1e6:.0f} MB" for c in shown], fontsize=8)
+        sx.set_ylim(len(shown), -0.3)
+        sx.grid(axis="x", alpha=0.3)
+        sx.set_title("data-parallel sync (| = gradients ready)" +
+                     (f", first 24 of {n_sync}" if n_sync > 24 else ""), fontsize=9)
+    axes[-1][0].set_xlabel("seconds")
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

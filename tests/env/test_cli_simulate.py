@@ -1,0 +1,72 @@
+"""`spantrain simulate`: JSON shape, human table, bad input exits 2 with one line, timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+PLAN = {"schedule": "zb-h1", "sync": {"mode": "hierarchical", "period": 1},
+        "pipelines": [{"micro_batch_size": 2, "num_micro_batches": 4,
+                       "stages": [{"devices": ["cloud-0"], "layers": [0, 14]},
+                                  {"devices": ["edge-0"], "layers": [14, 26]}]},
+                      {"micro_batch_size": 2, "num_micro_batches": 4,
+                       "stages": [{"devices": ["cloud-1"], "layers": [0, 10]},
+                                  {"devices": ["cloud-2"], "layers": [10, 26]}]}]}
+
+
+@pytest.fixture
+def files(tmp_path, demo_spec):
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(demo_spec))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    return cluster, plan, tmp_path
+
+
+def test_json_output(files, run_cli):
+    cluster, plan, _ = files
+    code, out, err = run_cli("simulate", "--cluster", cluster, "--model", "gpt2-medium", "--plan", plan, "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert out.count("\n") == 1
+    for key in ("iteration_s", "samples_per_s", "feasible", "peak_memory_gb", "bubble_fraction", "reasons"):
+        assert key in obj
+    assert set(obj["peak_memory_gb"]) == {"cloud-0", "edge-0", "cloud-1", "cloud-2"}
+    assert len(obj["bubble_fraction"]) == 2 and obj["feasible"] is True
+    assert obj["samples_per_s"] == pytest.approx(16 / obj["iteration_s"])
+    assert obj["pipelines"][0]["stages"][1]["device"] == "edge-0"
+
+
+def test_human_output(files, run_cli):
+    cluster, plan, _ = files
+    code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--global-batch", "16")
+    assert code == 0
+    assert "pipeline 0" in out and "edge-0" in out and "throughput" in out
+
+
+@pytest.mark.parametrize("mutate", ["unknown-device", "gap", "missing-file", "syntax"])
+def test_bad_plan_exits_2_with_one_line(files, run_cli, mutate):
+    cluster, _, tmp = files
+    bad = json.loads(json.dumps(PLAN))
+    if mutate == "unknown-device":
+        bad["pipelines"][0]["stages"][1]["devices"] = ["nope"]
+    elif mutate == "gap":
+        bad["pipelines"][1]["stages"][1]["layers"] = [12, 26]
+    path = tmp / "bad.json"
+    if mutate == "syntax":
+        path.write_text("{not json")
+    elif mutate != "missing-file":
+        path.write_text(json.dumps(bad))
+    code, out, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", path, "--json")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("spantrain simulate: error:")
+    assert "Traceback" not in err
+
+
+def test_timeline_png(files, run_cli):
+    cluster, plan, tmp = files
+    png = tmp / "t.png"
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--json", "--timeline", png)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
