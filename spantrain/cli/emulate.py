@@ -1,12 +1,83 @@
-"""`spantrain emulate`: not implemented yet (issue #7)."""
+"""`spantrain emulate --cluster C [options] -- COMMAND ...`: run COMMAND once per device of C
+on a local emulated cluster (namespaces, htb shaping, CPU quotas; see
+`spantrain.runtime.emulator`). Exit code: 0 when every device succeeded, else the code of
+the first device that failed (128 + signal when it was killed), 2 for bad input."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_cluster_arg
+from spantrain.errors import EmulationError
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("emulate", 7))
+    add_cluster_arg(p, required=False)
+    p.add_argument("--cpus", type=float, metavar="N",
+                   help="cores shared by all devices in proportion to their TFLOP/s (default: all cores)")
+    p.add_argument("--mode", choices=("auto", "netns", "local"), default="auto",
+                   help="netns: namespaces + kernel shaping or fail; local: plain processes, the transport "
+                        "emulates the network; auto (default): netns when possible, else local")
+    p.add_argument("--bandwidth-scale", default="1", metavar="S",
+                   help="emulated goodput = min(spec x S, --max-gbps); 'fit' scales the fastest link to the cap "
+                        "(default 1)")
+    p.add_argument("--max-gbps", type=float, default=1.0, metavar="G",
+                   help="cap on emulated bandwidth, Gbit/s (default 1: what veth carries on a few shared cores)")
+    p.add_argument("--no-cpu-limits", action="store_true", help="do not put devices under CPU quotas")
+    p.add_argument("--log-dir", metavar="DIR", help="also write each device's output to DIR/<device>.log")
+    p.add_argument("--quiet", action="store_true", help="do not relay the devices' output (use with --log-dir)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop every device after S seconds")
+    p.add_argument("--cleanup", action="store_true",
+                   help="only remove what crashed emulator runs left behind, then exit")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the command to run on every device (after --)")
+    p.set_defaults(func=_run)
+
+
+def _scale(text: str) -> float | str:
+    if text == "fit":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise EmulationError(f"--bandwidth-scale must be a positive number or 'fit', got {text!r}") from None
+    if not value > 0:
+        raise EmulationError(f"--bandwidth-scale must be positive, got {text}")
+    return value
+
+
+def _run(args: argparse.Namespace) -> int:
+    from spantrain.runtime.emulator import EmulatedCluster, first_failure
+    from spantrain.runtime.emulator.state import sweep_leftovers
+
+    if args.cleanup:
+        cleaned = sweep_leftovers()
+        print(f"spantrain emulate: removed {len(cleaned)} leftover run(s)"
+              + (f": {', '.join(cleaned)}" if cleaned else ""), file=sys.stderr)
+        return 0
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not args.cluster:
+        raise EmulationError("--cluster is required (the spec to emulate)")
+    if not command:
+        raise EmulationError("no command: give it after --, e.g. spantrain emulate -c C.yaml -- python train.py")
+    if shutil.which(command[0]) is None:
+        raise EmulationError(f"command not found: {command[0]}")
+    if args.max_gbps <= 0:
+        raise EmulationError(f"--max-gbps must be positive, got {args.max_gbps:g}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise EmulationError(f"--timeout must be positive, got {args.timeout:g}")
+    with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode, bandwidth_scale=_scale(args.bandwidth_scale),
+                         max_gbps=args.max_gbps, cpu_limits=not args.no_cpu_limits) as emu:
+        if not args.quiet:
+            for line in emu.describe():
+                print(line, file=sys.stderr)
+        results = emu.run(command, timeout_s=args.timeout, echo=not args.quiet, log_dir=args.log_dir)
+    failed = first_failure(results)
+    if failed is None:
+        return 0
+    code = failed.returncode if failed.returncode > 0 else 128 - failed.returncode
+    print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) exited with code "
+          f"{failed.returncode}; the other devices were stopped", file=sys.stderr)
+    return code

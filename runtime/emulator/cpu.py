@@ -1,0 +1,122 @@
+"""CPU quotas: each device gets cores in proportion to its TFLOP/s, via cgroup v1 `cpu`.
+
+All devices together get `cores` cores (default: the machine's). A device with `t`
+TFLOP/s gets ``t * cores / sum(tflops)`` cores, so every device computes
+``sum(tflops) * 1e12 / (cores * R)`` times slower than the spec says, where ``R`` is the
+FLOP/s one core sustains on the workload: one common time dilation, which keeps the
+devices' speed ratios exact. The emulation file records ``cores_per_tflops``; the profiler
+measures the resulting real TFLOP/s.
+
+CFS enforces a quota per period: a device that used its share sleeps until the next
+period starts. A long period (the kernel's default 100 ms) would stall a throttled
+device's messages for up to ~100 ms, which the profiler would read as latency, so the
+period is short (10 ms) unless the smallest share needs a longer one: the kernel's
+minimum quota is 1 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from spantrain.errors import EmulationError
+
+__all__ = ["CGROUP_CPU", "cpu_shares", "period_us", "unavailable_reason", "create_groups", "group_pids",
+           "remove_tree"]
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+"""Mount point of the cgroup v1 cpu controller."""
+
+_MIN_QUOTA_US = 1000
+_SHORT_PERIOD_US = 10_000
+_MAX_PERIOD_US = 1_000_000
+
+
+def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
+    """Cores for each device: proportional to its TFLOP/s, summing to `cores`."""
+    if cores <= 0:
+        raise EmulationError(f"--cpus must be positive, got {cores:g}")
+    total = float(sum(tflops))
+    return [float(cores * t / total) for t in tflops]
+
+
+def period_us(shares: Sequence[float]) -> int:
+    """A CFS period short enough for smooth throttling, long enough for the smallest share's quota."""
+    smallest = min(shares)
+    needed = math.ceil(_MIN_QUOTA_US / smallest) if smallest > 0 else _MAX_PERIOD_US
+    return int(min(_MAX_PERIOD_US, max(_SHORT_PERIOD_US, needed)))
+
+
+def unavailable_reason(root: Path = CGROUP_CPU) -> str | None:
+    """Why CPU quotas cannot be set here, or None when they can."""
+    if os.geteuid() != 0:
+        return "not running as root"
+    if not (root / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {root}"
+    if not os.access(root, os.W_OK):
+        return f"{root} is not writable"
+    return None
+
+
+def create_groups(root: Path, shares: Sequence[float], period: int) -> list[Path]:
+    """The run's cgroup `root` with one child ``d<k>`` per device: quota `shares[k]` cores per `period` us.
+
+    A quota is a cap, not a guarantee: when other work keeps the machine busy the devices
+    get less than their quotas, and plain CFS would then split the CPU evenly between
+    them, erasing their speed ratios. So each child also gets ``cpu.shares`` in proportion
+    to its quota (mean 1024), which keeps the ratios under contention, and the root gets
+    1024 per device, so the emulated cluster competes with other work like as many plain
+    processes would.
+    """
+    n = len(shares)
+    mean = sum(shares) / n
+    paths = []
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "cpu.shares").write_text(str(1024 * n))
+        for k, cores in enumerate(shares):
+            path = root / f"d{k}"
+            path.mkdir(exist_ok=True)
+            (path / "cpu.shares").write_text(str(max(2, round(1024 * cores / mean))))
+            (path / "cpu.cfs_period_us").write_text(str(period))
+            (path / "cpu.cfs_quota_us").write_text(str(max(_MIN_QUOTA_US, round(cores * period))))
+            paths.append(path)
+    except OSError as e:
+        raise EmulationError(f"cannot set CPU quotas under {root}: {e.strerror or e}") from None
+    return paths
+
+
+def group_pids(path: Path) -> list[int]:
+    """Pids in cgroup `path` and every group below it."""
+    pids: list[int] = []
+    for procs in sorted(path.rglob("cgroup.procs")):
+        try:
+            pids += [int(x) for x in procs.read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def remove_tree(path: Path, wait_s: float = 5.0) -> None:
+    """Kill every process in cgroup `path` (and below), then remove the groups, leaves first."""
+    if not path.exists():
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = group_pids(path)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise EmulationError(f"processes {pids[:5]} in {path} did not exit")
+        time.sleep(0.05)
+    for d in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        d.rmdir()
+    path.rmdir()

@@ -1,0 +1,184 @@
+"""Starting one process per device, relaying its output, and stopping them all together.
+
+Each device's command runs as ``ip netns exec <ns> COMMAND`` (or plain COMMAND in the
+fallback) in a session of its own, so the emulator can signal the whole process group.
+The child joins its cgroup between fork and exec, so the command and everything it
+forks start inside the CPU quota. Output is relayed line by line with a ``[device-id]``
+prefix (stdout to stdout, stderr to stderr), optionally copied to per-device log files,
+and the tail is kept for the caller. Like torchrun, the first device that fails brings
+the others down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from spantrain.errors import EmulationError
+
+__all__ = ["DeviceResult", "DeviceProcess", "wait_all", "stop_all", "first_failure"]
+
+_KEEP_LINES = 5000
+_GRACE_S = 5.0
+_print_lock = threading.Lock()
+
+
+@dataclass
+class DeviceResult:
+    """How one device's command ended."""
+
+    device_id: str
+    rank: int
+    returncode: int
+    """Exit code; negative: killed by that signal (as in `subprocess`)."""
+    stdout: str
+    """The last lines of its stdout."""
+    stderr: str
+    """The last lines of its stderr."""
+    seconds: float
+    """Wall time from start to exit."""
+    stopped: bool = False
+    """True when the emulator stopped it because another device failed (or on interrupt)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class _Pump(threading.Thread):
+    """Copies one pipe to a prefixed stream and a log file, keeping the tail."""
+
+    def __init__(self, pipe: IO[bytes], prefix: str, echo: IO[str] | None, log: IO[str] | None):
+        super().__init__(daemon=True)
+        self.pipe, self.prefix, self.echo, self.log = pipe, prefix, echo, log
+        self.lines: deque[str] = deque(maxlen=_KEEP_LINES)
+
+    def run(self) -> None:
+        for raw in iter(self.pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            self.lines.append(line)
+            if self.log is not None:
+                self.log.write(line)
+                self.log.flush()
+            if self.echo is not None:
+                with _print_lock:
+                    self.echo.write(f"{self.prefix}{line if line.endswith(chr(10)) else line + chr(10)}")
+                    self.echo.flush()
+        self.pipe.close()
+
+
+def _joiner(cgroup_procs: str | None):
+    """preexec_fn: write the child's pid into its cgroup (raw os calls: safe after fork)."""
+    if cgroup_procs is None:
+        return None
+
+    def join() -> None:
+        fd = os.open(cgroup_procs, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+    return join
+
+
+class DeviceProcess:
+    """One device's command, running."""
+
+    def __init__(self, *, rank: int, device_id: str, command: Sequence[str], env: dict[str, str],
+                 netns: str | None, cgroup: Path | None, echo: bool, log_dir: Path | None):
+        self.rank, self.device_id = rank, device_id
+        argv = ["ip", "netns", "exec", netns, *command] if netns else list(command)
+        self._log = open(log_dir / f"{device_id}.log", "w") if log_dir else None  # noqa: SIM115 (closed in finish)
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.stopped = False
+        try:
+            self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, start_new_session=True,
+                                          preexec_fn=_joiner(str(cgroup / "cgroup.procs") if cgroup else None))
+        except OSError as e:
+            if self._log:
+                self._log.close()
+            raise EmulationError(f"cannot start {command[0]!r} for device {device_id}: {e.strerror or e}") from None
+        prefix = f"[{device_id}] "
+        self._pumps = [_Pump(self.popen.stdout, prefix, sys.stdout if echo else None, self._log),
+                       _Pump(self.popen.stderr, prefix, sys.stderr if echo else None, self._log)]
+        for p in self._pumps:
+            p.start()
+
+    def poll(self) -> int | None:
+        code = self.popen.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the device's whole process group."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
+    def result(self) -> DeviceResult:
+        code = self.popen.wait()
+        self.poll()
+        for p in self._pumps:
+            p.join(timeout=5)
+        if self._log:
+            self._log.close()
+        return DeviceResult(device_id=self.device_id, rank=self.rank, returncode=code,
+                            stdout="".join(self._pumps[0].lines), stderr="".join(self._pumps[1].lines),
+                            seconds=(self.ended or time.monotonic()) - self.started, stopped=self.stopped)
+
+
+def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM) -> None:
+    """Signal every running device with `first`, then SIGKILL whatever is left after a grace period."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.stopped = True
+        p.signal(first)
+    deadline = time.monotonic() + _GRACE_S
+    while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in running:
+        p.signal(signal.SIGKILL)
+
+
+def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None) -> list[DeviceResult]:
+    """Wait for every device; the first failure (or the timeout) stops the rest."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                stop_all(procs)
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                stop_all(procs)
+                for p in procs:
+                    p.result()
+                raise EmulationError(f"the command was still running after {timeout_s:g} s; stopped every device")
+            time.sleep(0.05)
+    except BaseException:
+        # Ctrl-C, SIGTERM to the emulator, or a bug here: never leave devices running.
+        stop_all(procs, signal.SIGINT)
+        raise
+    return [p.result() for p in procs]
+
+
+def first_failure(results: Sequence[DeviceResult]) -> DeviceResult | None:
+    """The device that failed on its own first (not one the emulator stopped), if any."""
+    failed = [r for r in results if not r.ok and not r.stopped] or [r for r in results if not r.ok]
+    return min(failed, key=lambda r: r.seconds) if failed else None

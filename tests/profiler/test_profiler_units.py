@@ -1,0 +1,145 @@
+"""Profiler parts that need no root: the round schedule, grouping, assembly into a spec,
+compute timing, the single-device profile and the CLI's input errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from spantrain.cluster import GBPS, Cluster, LayerTimes
+from spantrain.profiler import compute
+from spantrain.profiler.assemble import DeviceMeasurement, assemble
+from spantrain.profiler.grouping import compute_groups, network_groups
+from spantrain.profiler.network import PairMeasurement, round_robin
+from spantrain.workload import Workload
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n):
+    rounds = round_robin(n)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    met = [pair for r in rounds for pair in r]
+    assert sorted(met) == list(itertools.combinations(range(n), 2))
+    for r in rounds:
+        busy = [x for pair in r for x in pair]
+        assert len(busy) == len(set(busy)), r
+
+
+def _bandwidth(regions: list[int], lan: dict[int, float], wan: float, noise: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = len(regions)
+    bw = np.empty((n, n))
+    for i in range(n):
+        for j in range(n):
+            bw[i, j] = (lan[regions[i]] if regions[i] == regions[j] else wan) * GBPS * rng.uniform(1 - noise, 1 + noise)
+    return bw
+
+
+def test_network_groups_recover_regions_despite_noise():
+    regions = [0, 0, 0, 1, 1, 2]
+    labels = network_groups(_bandwidth(regions, {0: 0.2, 1: 0.1, 2: 0.05}, wan=0.02, noise=0.1))
+    assert labels == regions
+
+
+def test_equally_fast_lans_that_are_slow_between_them_are_two_groups():
+    regions = [0, 0, 1, 1]
+    assert network_groups(_bandwidth(regions, {0: 1.0, 1: 1.0}, wan=0.05, noise=0.05)) == regions
+    # ... and a uniform network is one group
+    assert network_groups(_bandwidth(regions, {0: 1.0, 1: 1.0}, wan=1.0, noise=0.05)) == [0, 0, 0, 0]
+
+
+def test_compute_groups_split_by_speed():
+    assert compute_groups(np.array([10.0, 11.0, 30.0, 9.5, 31.0]), [0, 1, 2, 3, 4]) == [[0, 1, 3], [2, 4]]
+
+
+def _device(rank: int, tflops: float) -> DeviceMeasurement:
+    return DeviceMeasurement(rank=rank, id=f"d{rank}", host=f"h{rank}", local_rank=0, gpu="cpu", tflops=tflops,
+                             memory_gb=4.0, model="tiny-gpt",
+                             layer_times=LayerTimes(batch=2, forward_s=(0.001, 0.002), backward_s=(0.002, 0.004)))
+
+
+def test_assemble_builds_regions_links_and_overrides():
+    regions = [0, 0, 0, 1]
+    lan, wan = 0.2 * GBPS, 0.02 * GBPS
+    pairs = []
+    for a, b in itertools.combinations(range(4), 2):
+        same = regions[a] == regions[b]
+        bw = lan if same else wan
+        pairs.append(PairMeasurement(a=a, b=b, latency_s=0.002 if same else 0.02, a_to_b=bw, b_to_a=bw))
+    # one pair is slow in one direction only: a directional override
+    pairs[0] = PairMeasurement(a=0, b=1, latency_s=0.002, a_to_b=0.1 * GBPS, b_to_a=lan)
+    profile = assemble([_device(k, 0.01) for k in range(4)], pairs, name="measured")
+    c = profile.cluster
+    assert c.regions == ["net-0", "net-1"]
+    assert c.network.regions["net-0"].gbps == pytest.approx(0.2)
+    assert c.network.links[("net-0", "net-1")].gbps == pytest.approx(0.02)
+    assert c.network.links[("net-0", "net-1")].latency_ms == pytest.approx(20)
+    assert c.bandwidth[0, 1] == pytest.approx(0.1 * GBPS) and c.bandwidth[1, 0] == pytest.approx(lan)
+    spec = c.to_spec()
+    assert spec["network"]["overrides"] == [{"from": "d0", "to": "d1", "gbps": 0.1, "latency_ms": 2}]
+    assert Cluster.from_spec(spec) == c
+    assert c.devices[2].host == "h2" and c.devices[2].local_rank == 0
+    assert c.devices[0].layer_times["tiny-gpt"].forward_s == (0.001, 0.002)
+    doc = profile.document
+    assert set(doc) == {"devices", "pairs", "groups"}
+    assert len(doc["pairs"]) == 12 and set(doc["pairs"][0]) == {"a", "b", "gbps", "latency_ms"}
+    assert [g["devices"] for g in doc["groups"]] == [["d0", "d1", "d2"], ["d3"]]
+
+
+def test_compute_times_every_layer_of_the_workload():
+    w = Workload.from_preset("tiny-gpt")
+    cp = compute.measure_compute(w, micro_batch=2, budget_s=1.0)
+    lt = cp.layer_times
+    assert lt.batch == 2 and len(lt.forward_s) == len(lt.backward_s) == w.num_layers
+    assert all(t > 0 for t in lt.forward_s + lt.backward_s)
+    assert len(set(lt.forward_s[1:-1])) == 1  # one block timed, listed for every block
+    assert (cp.proxy_batch, cp.proxy_seq_len) == (2, w.seq_len) and cp.reps >= 3
+    total = sum(sum(compute.layer_flops(w, i, 2)) for i in range(w.num_layers))
+    assert cp.tflops == pytest.approx(total / (sum(lt.forward_s) + sum(lt.backward_s)) / 1e12)
+
+
+def test_big_models_are_timed_on_a_proxy_with_the_same_token_shapes():
+    w = Workload.from_preset("gpt2-xl")
+    # at 10 GFLOP/s one full-size pass takes minutes: fewer tokens, batch first
+    batch, seq = compute._choose_shape(w, micro_batch=8, rate=1e10, budget_s=2.0)
+    assert batch == 1 and 16 <= seq < w.seq_len
+    assert compute._choose_shape(w, micro_batch=8, rate=1e18, budget_s=2.0) == (8, w.seq_len)
+
+
+@pytest.mark.slow
+def test_single_device_profile_without_a_launcher(tmp_path):
+    out = tmp_path / "me.yaml"
+    env_keys = ("RANK", "WORLD_SIZE", "SPANTRAIN_EMULATION")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in env_keys}
+    proc = subprocess.run([sys.executable, "-m", "spantrain", "profile", "--budget-s", "10", "--json", "-o", str(out)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert set(doc) == {"devices", "pairs", "groups"} and doc["pairs"] == []
+    (dev,) = doc["devices"]
+    assert dev["tflops"] > 0 and dev["memory_gb"] > 0 and dev["local_rank"] == 0
+    c = Cluster.from_file(out)
+    assert len(c) == 1 and len(c.devices[0].layer_times["tiny-gpt"].forward_s) == 8
+
+
+def test_cli_input_errors_are_one_line(run_cli):
+    for args, needle in [(("--budget-s", "0"), "--budget-s must be positive"),
+                         (("--model", "nosuch"), "unknown model"),
+                         (("--cpus", "2"), "--cpus only applies with --cluster"),
+                         (("--micro-batch", "-1"), "--micro-batch")]:
+        code, out, err = run_cli("profile", *args)
+        assert code == 2 and needle in err and out == "", (args, err)
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_a_workload_without_architecture_is_refused_in_one_line(run_cli, tmp_path):
+    w = tmp_path / "layers.yaml"
+    w.write_text("name: flat\nglobal_batch: 8\nseq_len: 16\nlayers:\n  - {name: l, count: 2, "
+                 "forward_flops: 1000000, params: 10, boundary_bytes: 64, activation_bytes: 64}\n")
+    code, out, err = run_cli("profile", "--model", str(w), "--budget-s", "5")
+    assert code == 2 and out == "" and "has no architecture" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,197 @@
+"""Emulator parts that need no root: the latency contract, shaping plans, CPU shares, names,
+the CLI's input errors and the fallback to plain local processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from spantrain.cluster import GBPS, Cluster
+from spantrain.errors import EmulationError
+from spantrain.runtime.emulator import cpu, latency, netns, shaping
+from spantrain.runtime.emulator.cluster import EmulatedCluster
+from spantrain.runtime.emulator.state import RunNames
+
+SPEC = {
+    "name": "units",
+    "devices": [{"id": "a", "count": 2, "region": "ra", "tflops": 30, "memory_gb": 8},
+                {"id": "b-0", "region": "rb", "tflops": 10, "memory_gb": 4}],
+    "network": {"regions": {"ra": {"gbps": 0.2, "latency_ms": 2}, "rb": {"gbps": 0.1, "latency_ms": 3}},
+                "links": [{"between": ["ra", "rb"], "gbps": 0.02, "latency_ms": 20}],
+                "overrides": [{"from": "a-0", "to": "b-0", "gbps": 0.005, "latency_ms": 30}]},
+}
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster.from_spec(SPEC)
+
+
+def _emulation(cluster: Cluster, kernel_shaping: bool) -> latency.Emulation:
+    n = len(cluster)
+    gbps = [[None if i == j else float(cluster.bandwidth[i, j] / GBPS) for j in range(n)] for i in range(n)]
+    return latency.Emulation(cluster="units", run_id="abcd", kernel_shaping=kernel_shaping, bandwidth_scale=1.0,
+                             max_gbps=1.0, master_addr="127.0.0.1", master_port=1, cpu={"cores": 1},
+                             devices=[{"rank": k, "id": d.id} for k, d in enumerate(cluster.devices)],
+                             latency=cluster.latency.tolist(), spec_gbps=gbps, emulated_gbps=gbps)
+
+
+def test_latency_contract_reads_the_file_named_by_the_env_var(cluster, tmp_path, monkeypatch):
+    path = tmp_path / "emulation.json"
+    _emulation(cluster, kernel_shaping=True).write(path)
+    monkeypatch.setenv(latency.ENV_VAR, str(path))
+    assert latency.latency_s(0, 2) == pytest.approx(0.030)  # the directional override
+    assert latency.latency_s(2, 0) == pytest.approx(0.020)
+    assert latency.latency_s(1, 1) == 0.0
+    # ring 0 -> 1 -> 2 -> 0: the slowest hop is 20 ms, paid 2 (n - 1) = 4 times
+    assert latency.ring_latency_s([0, 1, 2]) == pytest.approx(4 * 0.020)
+    t0 = time.perf_counter()
+    slept = latency.delay_before_send(0, 1, nbytes=10**6)  # kernel shapes: latency only
+    took = time.perf_counter() - t0
+    assert slept == pytest.approx(0.002) and 0.002 <= took < 0.02
+    assert latency.current().rank_of("b-0") == 2
+    assert latency.ring_allreduce_delay_s([0, 1, 2], 10**9) == pytest.approx(0.08)  # the kernel shapes bytes
+
+
+def test_fallback_file_makes_the_transport_add_serialization(cluster, tmp_path, monkeypatch):
+    path = tmp_path / "emulation.json"
+    _emulation(cluster, kernel_shaping=False).write(path)
+    monkeypatch.setenv(latency.ENV_VAR, str(path))
+    # 250 kB at 0.2 Gbit/s = 10 ms, plus 2 ms of latency
+    t0 = time.perf_counter()
+    assert latency.delay_before_send(0, 1, nbytes=250_000) == pytest.approx(0.012)
+    assert time.perf_counter() - t0 >= 0.012
+    # a ring all-reduce of 3 MB over a-0, a-1, b-0: 4 hops of 20 ms, plus 4/3 x 3 MB at the
+    # slowest ring link (b-0 -> a-0, 0.02 Gbit/s = 2.5 MB/s)
+    assert latency.ring_allreduce_delay_s([0, 1, 2], 3_000_000) == pytest.approx(0.08 + 4 / 3 * 3e6 / 2.5e6)
+
+
+def test_not_emulated_means_no_delay(monkeypatch):
+    monkeypatch.delenv(latency.ENV_VAR, raising=False)
+    assert latency.current() is None
+    assert latency.latency_s(0, 1) == 0.0 and latency.delay_before_send(0, 1, 10**9) == 0.0
+
+
+def test_malformed_emulation_file_is_one_clear_error(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 1, "cluster": "x"}))
+    monkeypatch.setenv(latency.ENV_VAR, str(bad))
+    with pytest.raises(EmulationError, match="missing or malformed"):
+        latency.current()
+    monkeypatch.setenv(latency.ENV_VAR, str(tmp_path / "missing.json"))
+    with pytest.raises(EmulationError, match="cannot read emulation file"):
+        latency.current()
+
+
+def test_shaping_plan_has_a_class_per_region_and_per_deviating_pair(cluster):
+    addrs = netns.addresses(cluster)
+    assert addrs == ["10.77.0.1", "10.77.0.2", "10.77.1.1"]
+    classes = shaping.device_classes(cluster, 0, addrs, shaping.RateLimits())
+    by_dst = {c.dst: c for c in classes}
+    assert by_dst["10.77.0.0/24"].gbps == pytest.approx(0.2) and by_dst["10.77.0.0/24"].prio == 2
+    assert by_dst["10.77.1.0/24"].gbps == pytest.approx(0.02)
+    assert by_dst["10.77.1.1/32"].gbps == pytest.approx(0.005) and by_dst["10.77.1.1/32"].prio == 1
+    # a-1 has no override: regions only
+    assert len(shaping.device_classes(cluster, 1, addrs, shaping.RateLimits())) == 2
+
+
+def test_tc_script_compensates_headers_and_bounds_the_burst(cluster):
+    classes = shaping.device_classes(cluster, 0, netns.addresses(cluster), shaping.RateLimits())
+    script = shaping.tc_batch("spt0", classes, 1.0)
+    lines = script.splitlines()
+    assert lines[0] == "qdisc add dev spt0 root handle 1: htb default 1"
+
+    def line(classid: str) -> str:
+        return next(x for x in lines if f"classid {classid} " in x)
+
+    # 20 Mbit/s goodput -> 20e6 * 1514 / 1448 bit/s on the wire, burst 2 ms of that
+    wire = round(20e6 * 1514 / 1448)
+    assert f"parent 1: classid 1:11 htb rate {wire}bit ceil {wire}bit burst 5228b" in line("1:11")
+    # its small-packet child is served first and may use the whole pipe; bulk gets the rest
+    assert "parent 1:11" in line("1:8011") and line("1:8011").endswith("prio 0")
+    assert f"ceil {wire}bit" in line("1:4011") and line("1:4011").endswith("prio 1")
+    assert "burst 3028b" in line("1:1002")  # 5 Mbit/s override: 2 ms is less than two frames
+    assert "burst 261395b" in line("1:1")  # 2 ms at 1 Gbit/s on the wire
+    assert ("prio 1 u32 match ip dst 10.77.1.1/32 match u16 0x0000 0xff80 at 2 flowid 1:9002" in script
+            and "prio 2 u32 match ip dst 10.77.1.1/32 flowid 1:5002" in script)
+    assert "prio 4 u32 match ip dst 10.77.1.0/24 flowid 1:4011" in script
+
+
+def test_gso_is_capped_at_one_millisecond_of_the_slowest_class(cluster):
+    classes = shaping.device_classes(cluster, 0, netns.addresses(cluster), shaping.RateLimits())
+    assert shaping.gso_bytes(classes, 1.0) == 1514  # 5 Mbit/s: 625 bytes per ms, one frame
+    fast = [shaping.TcClass(minor=0x10, gbps=0.2, dst="10.77.0.0/24", prio=2)]
+    assert shaping.gso_bytes(fast, 1.0) == 25_000
+    assert shaping.gso_bytes([shaping.TcClass(minor=0x10, gbps=10, dst="x", prio=2)], 10.0) == 65536
+
+
+def test_rate_limits_scale_and_cap(cluster):
+    capped = shaping.emulated_gbps(cluster, shaping.RateLimits(scale=10.0, max_gbps=1.0))
+    assert capped[0, 1] == pytest.approx(1.0) and capped[0, 2] == pytest.approx(0.05)
+    fit = shaping.RateLimits.fit(cluster, max_gbps=0.1)
+    assert fit.scale == pytest.approx(0.5)
+    assert np.nanmax(shaping.emulated_gbps(cluster, fit)) == pytest.approx(0.1)
+    with pytest.raises(EmulationError):
+        shaping.RateLimits(scale=0)
+
+
+def test_cpu_shares_follow_tflops_and_fit_the_cores():
+    shares = cpu.cpu_shares([30, 30, 10], cores=2.0)
+    assert sum(shares) == pytest.approx(2.0) and shares[0] / shares[2] == pytest.approx(3.0)
+    assert cpu.period_us([0.5, 0.5]) == 10_000  # short period for smooth throttling
+    assert cpu.period_us([0.02]) == 50_000  # long enough for the kernel's 1 ms minimum quota
+    with pytest.raises(EmulationError):
+        cpu.cpu_shares([1.0], cores=0)
+
+
+def test_interface_names_fit_linux_limit():
+    names = RunNames("beef")
+    assert len(names.hub_if(9999)) <= 15
+    assert names.device_ns(3) == "spt-beef-3" and names.hub == "spt-beef-hub"
+
+
+def test_fallback_without_root_runs_plain_processes(cluster, tmp_path, monkeypatch, capsys):
+    # Pretend not to be root: the emulator must say so in one line and run local processes.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    code = ("import json, os; e = json.load(open(os.environ['SPANTRAIN_EMULATION'])); "
+            "print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], "
+            "os.environ['SPANTRAIN_DEVICE_ID'], e['kernel_shaping'])")
+    with EmulatedCluster(cluster) as emu:
+        assert emu.mode == "local" and not emu.cpu_limited
+        results = emu.run([sys.executable, "-c", code], echo=False)
+    err = capsys.readouterr().err
+    assert "network namespaces unavailable (not running as root)" in err
+    assert [r.stdout.split() for r in results] == [[str(k), "3", "127.0.0.1", d.id, "False"]
+                                                   for k, d in enumerate(cluster.devices)]
+    assert not any((tmp_path / "state").iterdir())  # run directory removed
+
+
+def test_first_failure_stops_the_others_in_local_mode(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    code = "import os, sys, time; r = int(os.environ['RANK']); time.sleep(0.2) if r == 1 else time.sleep(30); " \
+           "sys.exit(3)"
+    t0 = time.monotonic()
+    with EmulatedCluster(cluster, mode="local", cpu_limits=False) as emu:
+        results = emu.run([sys.executable, "-c", code], echo=False)
+    assert time.monotonic() - t0 < 15
+    assert results[1].returncode == 3 and not results[1].stopped
+    assert all(r.stopped and r.returncode != 0 for k, r in enumerate(results) if k != 1)
+
+
+def test_cli_input_errors_are_one_line(run_cli, tmp_path):
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))
+    for args, needle in [((), "--cluster is required"),
+                         (("-c", spec), "no command"),
+                         (("-c", spec, "--bandwidth-scale", "x", "--", "true"), "--bandwidth-scale"),
+                         (("-c", tmp_path / "none.yaml", "--", "true"), "file not found"),
+                         (("-c", spec, "--mode", "local", "--", "no-such-command-xyz"), "command not found")]:
+        code, out, err = run_cli("emulate", *args)
+        assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, (args, err)
+        assert "Traceback" not in err
