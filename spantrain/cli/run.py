@@ -1,12 +1,218 @@
-"""`spantrain run`: not implemented yet (issue #6)."""
+"""`spantrain run`: real training of a plan (from a file or a planner) with torch.distributed.
+
+Local runs start one process per plan device on this machine; under torchrun (one process
+per device, any number of nodes) every process runs this same command and becomes the rank
+torchrun gave it. Every input is checked before any process starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.errors import ExecutionError, SpantrainError
+
+__all__ = ["register"]
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("run", 6))
+    """Add `spantrain run`'s arguments."""
+    add_cluster_arg(p)
+    add_model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--plan", metavar="FILE", help="plan JSON (as written by `spantrain plan -o`)")
+    src.add_argument("--planner", metavar="NAME", help="make the plan with this planner")
+    p.add_argument("--steps", type=int, required=True, metavar="N",
+                   help="train until N iterations in total (a resumed run continues up to N)")
+    p.add_argument("--data", metavar="PATH", help="text file whose bytes are the tokens (default: built-in "
+                   "synthetic corpus)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here (and resume from here)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                   help="checkpoint every K iterations (default 0: only at the end and on Ctrl-C)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="complete checkpoints kept (2)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (1e-3)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (0.1)")
+    p.add_argument("--adam-eps", type=float, default=1e-8, metavar="EPS", help="AdamW epsilon (1e-8)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (0)")
+    p.add_argument("--run-dir", metavar="DIR", help="metrics, logs and result of this run "
+                   "(default runs/run-TIMESTAMP)")
+    p.add_argument("--metrics", metavar="FILE", help="per-iteration JSON lines (default RUN_DIR/metrics.jsonl)")
+    p.add_argument("--track", action=argparse.BooleanOptionalAction, default=False,
+                   help="log to Weights & Biases (offline unless logged in; default off)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="fail a transfer or collective that waits longer than S seconds; a local run also stops "
+                   "when no iteration completes for S + 60 seconds (300)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads per worker (default: this machine's cores / its workers)")
+    p.add_argument("--rank-map", metavar="FILE", help="device -> rank mapping file, {device: rank} or a list of "
+                   "devices in rank order (default under torchrun: the cluster's host/local_rank records, else plan "
+                   "order; local runs: plan order)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    add_json_arg(p)
+    p.set_defaults(func=_run)
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or another launcher that sets the env:// variables)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.steps <= 0:
+        raise ExecutionError(f"--steps must be a positive integer, got {args.steps}")
+    if args.checkpoint_every < 0:
+        raise ExecutionError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.keep_checkpoints < 1:
+        raise ExecutionError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
+    if not args.lr > 0:
+        raise ExecutionError(f"--lr must be > 0, got {args.lr}")
+    if args.weight_decay < 0:
+        raise ExecutionError(f"--weight-decay must be >= 0, got {args.weight_decay}")
+    if not args.adam_eps > 0:
+        raise ExecutionError(f"--adam-eps must be > 0, got {args.adam_eps}")
+    if args.threads is not None and args.threads < 1:
+        raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
+    if not args.timeout > 0:
+        raise ExecutionError(f"--timeout must be > 0, got {args.timeout}")
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise ExecutionError("--checkpoint-every needs --checkpoint-dir")
+
+
+def _make_plan(args: argparse.Namespace, cluster, workload):
+    from spantrain.plan import Plan
+
+    if args.plan:
+        return Plan.from_file(args.plan)
+    from spantrain.policies.registry import get_planner
+
+    return get_planner(args.planner).plan(cluster, workload)
+
+
+def _default_run_dir(torchrun: bool) -> str:
+    if torchrun:  # every process of the job must agree on it
+        return f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.environ.get('MASTER_PORT', 'job'))}"
+    return f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    from spantrain.runtime.config import OptimConfig, RunConfig
+    from spantrain.runtime.preflight import check_run, cpu_cores, resume_state
+
+    _check_numbers(args)
+    cluster = load_cluster(args.cluster)
+    workload = load_model(args)
+    plan = _make_plan(args, cluster, workload)
+    check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
+    if args.rank_map:
+        from spantrain.runtime.rankmap import ranks_from_file
+
+        ranks_from_file(args.rank_map, plan)
+    seed = args.seed
+    if args.resume:
+        state = resume_state(args.checkpoint_dir, workload, args.steps)
+        if state["seed"] != seed:
+            # The data order follows the seed; the checkpoint's keeps the sample sequence intact.
+            _note(f"resuming with the checkpoint's seed {state['seed']} (not --seed {seed})")
+            seed = int(state["seed"])
+
+    if workload.precision != "fp32":
+        _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")
+    torchrun = under_torchrun()
+    zb_orders = zb_source = None
+    if plan.schedule.startswith("zb-") and not torchrun:
+        # Once here rather than in every worker: the cost model's order generator compiles on first use.
+        from spantrain.runtime.zb_order import all_pipeline_orders
+
+        computed = all_pipeline_orders(cluster, workload, plan)
+        zb_orders = [[[list(op) for op in stage] for stage in orders] for orders, _ in computed]
+        zb_source = computed[0][1]
+    run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
+    model = args.model if not Path(args.model).exists() else str(Path(args.model).resolve())
+    cfg = RunConfig(cluster_spec=cluster.to_spec(), model=model, global_batch=args.global_batch,
+                    plan=plan.to_dict(), steps=args.steps, seed=seed,
+                    optim=OptimConfig(lr=args.lr, weight_decay=args.weight_decay, eps=args.adam_eps),
+                    data=str(Path(args.data).resolve()) if args.data else None, run_dir=str(run_dir),
+                    metrics_path=str(Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"),
+                    checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
+                    checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+                    resume=args.resume, track=args.track, timeout_s=args.timeout,
+                    rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
+                    zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads)
+
+    if torchrun:
+        result = _run_torchrun(cfg)
+        if result is None:  # not rank 0: rank 0 reports
+            return 0
+    else:
+        world = len(plan.devices)
+        cores = cpu_cores()
+        if world > cores:
+            _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
+                  "are those of shared cores, not of separate devices")
+        from spantrain.runtime.launcher import launch_local
+
+        show = args.progress if args.progress is not None else sys.stderr.isatty()
+        try:
+            result = launch_local(cfg, progress=show)
+        except KeyboardInterrupt:
+            # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
+            partial = run_dir / "result.json"
+            if partial.exists():
+                _report(json.loads(partial.read_text()), args.json)
+            raise
+        result["cpu_cores"] = cores
+        result["oversubscribed"] = world > cores
+    _report(result, args.json)
+    return 0
+
+
+def _run_torchrun(cfg) -> dict[str, Any] | None:
+    import signal
+
+    from spantrain.runtime.worker import StopFlag, run_worker
+
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop)  # torchrun's SIGTERM: finish the iteration, checkpoint, exit
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    log = Path(cfg.run_dir) / "logs" / f"rank{rank}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_worker(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
+    except (SpantrainError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # e.g. a peer died: one line here, the traceback in the log
+        import traceback
+
+        log.write_text(traceback.format_exc())
+        text = str(e).strip()
+        raise ExecutionError(f"rank {rank}: {type(e).__name__}: {text.splitlines()[0] if text else ''} "
+                             f"(traceback in {log})") from e
+
+
+def _note(msg: str) -> None:
+    if os.environ.get("RANK", "0") == "0" or not under_torchrun():  # once per job, not once per process
+        print(f"spantrain run: note: {msg}", file=sys.stderr)
+
+
+def _report(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+        return
+    def fmt(x: Any, spec: str) -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    print(f"trained iterations {result['start_step']}..{result['final_step']} of {result['target_steps']}"
+          f"{' (stopped early)' if result['stopped_early'] else ''}: loss {fmt(result['loss_first'], '.4f')} -> "
+          f"{fmt(result['loss_last'], '.4f')}, {fmt(result['samples_per_s'], '.1f')} samples/s "
+          f"({fmt(result['step_s'], '.3f')} s/iteration, median after warm-up)")
+    print(f"metrics: {result['metrics']}")
+    if result.get("checkpoint"):
+        print(f"checkpoint: {result['checkpoint']}")

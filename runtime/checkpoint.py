@@ -1,0 +1,201 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP), keyed by layer, never by rank.
+
+Layout of a checkpoint directory ``ROOT``::
+
+    ROOT/latest                  name of the newest complete checkpoint ("step-00000040")
+    ROOT/step-00000040/          one complete checkpoint
+        .metadata, *.distcp      DCP: "layers.{i}.{param}" and "optim.layers.{i}.{param}.{step|exp_avg|exp_avg_sq}"
+        train_state.json         step, samples consumed, RNG state, plan, hyper-parameters
+        meta.json                model architecture and per-layer parameter counts (checked on resume)
+    ROOT/.tmp-step-00000042/     a checkpoint being written (ignored, removed by the next save)
+
+Because keys name layers, any plan can load any checkpoint of the same model: each rank
+asks for the layers it holds now. Replicas of a layer hold identical values at checkpoint
+time and DCP writes one copy.
+
+Nothing is lost on a crash mid-write: all ranks write into a temporary directory, and only
+when every rank is done does rank 0 add the JSON files, rename the directory into place and
+then replace ``latest`` (write + rename, both atomic on POSIX). A reader therefore sees the
+previous checkpoint or the new one, never half of one. Multi-node runs need ``ROOT`` on a
+file system every node shares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from spantrain.errors import ExecutionError
+
+__all__ = ["FORMAT", "latest_checkpoint", "read_json", "model_meta", "check_meta", "Checkpointer", "read_tensors"]
+
+FORMAT = 1
+_LATEST = "latest"
+
+
+def _step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None (pure Python: the CLI calls it before launching)."""
+    root = Path(root)
+    pointer = root / _LATEST
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if (candidate / "train_state.json").is_file():
+            return candidate
+    # `latest` is written last; if it is missing or stale, fall back to the newest complete directory.
+    complete = sorted(p for p in root.glob("step-*") if (p / "train_state.json").is_file())
+    return complete[-1] if complete else None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file, or one clear line why not."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ExecutionError(f"checkpoint file {path} is unreadable: {e}") from None
+
+
+def model_meta(workload: Any) -> dict[str, Any]:
+    """What must match between a checkpoint and the model that loads it."""
+    arch = workload.arch
+    return {"format": FORMAT, "model": workload.name,
+            "arch": None if arch is None else {k: getattr(arch, k) for k in
+                                               ("family", "vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                                                "max_seq_len")},
+            "layer_params": [layer.params for layer in workload.layers]}
+
+
+def check_meta(path: Path, workload: Any) -> dict[str, Any]:
+    """Refuse a checkpoint written for another model (one clear line); return its train state."""
+    meta = read_json(path / "meta.json")
+    want = model_meta(workload)
+    if meta.get("format") != FORMAT:
+        raise ExecutionError(f"checkpoint {path} has format {meta.get('format')!r}, this version reads {FORMAT}")
+    if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:
+        raise ExecutionError(f"checkpoint {path} was written for model {meta.get('model')!r} with a different "
+                             f"architecture than {workload.name!r}")
+    return read_json(path / "train_state.json")
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Checkpointer:
+    """Collective save/load of one rank's layers; every rank calls the same methods in step."""
+
+    def __init__(self, root: str | Path, *, rank: int, barrier, keep: int = 2):
+        self.root = Path(root)
+        self.rank = rank
+        self.barrier = barrier
+        self.keep = max(1, keep)
+
+    def save(self, step: int, tensors: dict[str, Any], train_state: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Write checkpoint `step` atomically; returns its final directory."""
+        import torch.distributed.checkpoint as dcp
+
+        final = self.root / _step_dir(step)
+        tmp = self.root / f".tmp-{_step_dir(step)}"
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
+        self.barrier()
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            dcp.save({k: v.detach() if hasattr(v, "detach") else v for k, v in tensors.items()},
+                     storage_writer=dcp.FileSystemWriter(str(tmp)))
+        except (Exception, CheckpointException) as e:
+            raise ExecutionError(f"cannot write checkpoint {tmp}: {_dcp_reason(e)}") from e
+        self.barrier()  # every rank's shard is on disk
+        if self.rank == 0:
+            _write_json(tmp / "meta.json", meta)
+            _write_json(tmp / "train_state.json", train_state)
+            _fsync_dir(tmp)
+            if final.exists():  # the same step saved again (a resumed run): swap it out, then drop it
+                old = self.root / f".old-{_step_dir(step)}"
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(self.root)
+            pointer = self.root / _LATEST
+            tmp_pointer = self.root / f".{_LATEST}.tmp"
+            tmp_pointer.write_text(final.name + "\n")
+            os.replace(tmp_pointer, pointer)
+            self._prune(keep_name=final.name)
+        self.barrier()
+        return final
+
+    def _prune(self, keep_name: str) -> None:
+        complete = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        for p in complete[:-self.keep]:
+            if p.name != keep_name:
+                shutil.rmtree(p, ignore_errors=True)
+
+    @staticmethod
+    def load(path: Path, tensors: dict[str, Any]) -> None:
+        """Fill `tensors` (this rank's keys, allocated) in place from checkpoint `path`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(str(path)))
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            raise ExecutionError(f"cannot load checkpoint {path}: {_dcp_reason(e)}") from e
+
+
+def _dcp_reason(e: BaseException) -> str:
+    """One line for a DCP failure: the first rank's own exception, not DCP's multi-line wrapper."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        rank = min(failures)
+        inner = failures[rank][0]
+        return f"{type(inner).__name__}: {inner} (rank {rank})"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def read_tensors(path: str | Path) -> dict[str, Any]:
+    """Every tensor of a checkpoint, in this process alone (tools and tests; no process group)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(path))
+    meta = reader.read_metadata()
+    out: dict[str, Any] = {}
+    for key, md in meta.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            out[key] = torch.empty(md.size, dtype=md.properties.dtype)
+    with warnings.catch_warnings():  # "loading in a single process": exactly the intent here
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.load(out, storage_reader=reader, no_dist=True)
+    return out

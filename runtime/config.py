@@ -1,0 +1,88 @@
+"""Everything a worker needs to run its part of a training run, as one JSON-able record.
+
+The CLI builds it after checking every input; local workers read it from the run
+directory, torchrun workers build it themselves from the same command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spantrain.cluster import Cluster
+from spantrain.plan import Plan
+from spantrain.workload import Workload, load_workload
+
+__all__ = ["OptimConfig", "RunConfig"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW hyper-parameters (constant learning rate)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run: inputs, hyper-parameters and where things go."""
+
+    cluster_spec: dict[str, Any]
+    model: str
+    """Preset name or absolute path of a workload file."""
+    global_batch: int | None
+    plan: dict[str, Any]
+    steps: int
+    """Train until this many iterations in total (a resumed run continues up to it)."""
+    seed: int = 0
+    optim: OptimConfig = OptimConfig()
+    data: str | None = None
+    run_dir: str
+    metrics_path: str
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Checkpoint every K iterations (0: only at the end and on a clean stop)."""
+    keep_checkpoints: int = 2
+    resume: bool = False
+    track: bool = False
+    timeout_s: float = 300.0
+    """Process-group timeout: a collective or transfer that waits longer fails the run."""
+    rank_map: str | None = None
+    launcher_pid: int | None = None
+    """Local runs: workers exit if this process disappears (no orphans)."""
+    zb_orders: list[list[list[list[Any]]]] | None = None
+    """Zero-bubble schedules: per pipeline, per stage, the [op, micro-batch] order, computed once
+    before launch (None: each worker computes it)."""
+    zb_order_source: str | None = None
+    threads: int | None = None
+    """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
+
+    def load(self) -> tuple[Cluster, Workload, Plan]:
+        """The cluster, workload and plan this run trains."""
+        cluster = Cluster.from_spec(self.cluster_spec, "cluster")
+        workload = load_workload(self.model, global_batch=self.global_batch)
+        plan = Plan.from_dict(self.plan, "plan")
+        return cluster, workload, plan
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        raw = json.loads(text)
+        raw["optim"] = OptimConfig(**raw["optim"])
+        return cls(**raw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RunConfig:
+        return cls.from_json(Path(path).read_text())

@@ -1,0 +1,71 @@
+"""Entry point of a locally launched worker process, and the files it leaves for the launcher.
+
+Kept free of torch imports: the launcher refers to `local_entry` when it starts a worker,
+and must not pay for importing torch itself (the fork server has it preloaded, so the
+worker's own import of `spantrain.runtime.worker` is instant).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "local_entry"]
+
+EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
+"""Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away."""
+
+
+def error_file(run_dir: str | Path, rank: int) -> Path:
+    """Where a failing rank writes its one-line error."""
+    return Path(run_dir) / "errors" / f"rank{rank}.txt"
+
+
+def log_file(run_dir: str | Path, rank: int) -> Path:
+    """A local worker's stdout and stderr (tracebacks, torch warnings)."""
+    return Path(run_dir) / "logs" / f"rank{rank}.log"
+
+
+def _watch_launcher(pid: int) -> None:
+    """Exit when the launcher is gone, so no worker outlives the run that started it."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(EXIT_ORPHANED)
+        except PermissionError:
+            pass
+
+
+def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:
+    """Run rank `rank` of the run described by `config_path`; never returns."""
+    from spantrain.runtime.config import RunConfig
+
+    cfg = RunConfig.from_file(config_path)
+    log = log_file(cfg.run_dir, rank)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    # Ctrl-C reaches every process of the terminal; the launcher decides, workers stop on its SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.launcher_pid:
+        threading.Thread(target=_watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
+
+    from spantrain.runtime.worker import StopFlag, guarded
+
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    code, _ = guarded(cfg, rank=rank, world_size=world_size, init_method=f"file://{store_path}", local=True,
+                      stop=stop)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: nothing is left to flush, and it can hang on gloo threads

@@ -1,0 +1,285 @@
+"""Local runs: start one worker process per plan device and supervise them.
+
+Workers are forked from a fork server that has imported torch once (importing torch and
+its pipelining package costs seconds of CPU per process; forking is instant), and meet
+through a file rendezvous in the run directory (no port to pick, so no port clashes).
+
+The supervisor watches every worker's exit:
+
+- all exit 0: the run is done; rank 0's ``result.json`` is the result;
+- one exits otherwise (crash, kill, error): the others are terminated at once (SIGTERM,
+  SIGKILL after a grace period) and the run fails with one line naming the worker, how it
+  ended, its own error message, the last completed iteration and the last checkpoint;
+- no iteration completes within the process-group timeout plus a margin: same, "stalled";
+- Ctrl-C: workers get SIGTERM, finish the current iteration together, checkpoint and exit;
+  a second Ctrl-C (or the grace period running out) kills them.
+
+So a run never hangs on a dead worker, and never leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.machinery
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import wait as wait_sentinels
+from pathlib import Path
+from typing import Any
+
+from spantrain.errors import ExecutionError
+from spantrain.runtime.checkpoint import latest_checkpoint
+from spantrain.runtime.config import RunConfig
+from spantrain.runtime.entry import error_file, local_entry
+
+__all__ = ["launch_local", "workers_file"]
+
+_POLL_S = 0.2
+_KILL_GRACE_S = 3.0
+_STOP_GRACE_S = 120.0
+_STALL_MARGIN_S = 60.0
+# Errors a worker reports when a *peer* died: the root cause is elsewhere.
+_SECONDARY = ("Connection closed", "Connection reset", "connection reset", "Broken pipe", "timed out",
+              "Timed out", "closed by peer", "ECONNRESET", "EPIPE")
+
+
+def workers_file(run_dir: str | Path) -> Path:
+    """JSON with the launcher's and every worker's pid (for tools and tests)."""
+    return Path(run_dir) / "workers.json"
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["spantrain.runtime.worker"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+@contextlib.contextmanager
+def _without_main_fixup() -> Iterator[None]:
+    """Start workers without multiprocessing re-running the caller's ``__main__`` in each.
+
+    Workers need nothing from the caller's script (their target lives in this package), yet
+    multiprocessing re-imports a script ``__main__`` in every child: wasted start-up, and a
+    failure when the caller runs from stdin or a REPL. Naming ``__main__`` as the module to
+    restore makes the child skip that step.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    missing = object()
+    saved = main.__dict__.get("__spec__", missing)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        if saved is missing:
+            del main.__spec__
+        else:
+            main.__spec__ = saved
+
+
+class _Progress:
+    """Follows rank 0's metrics file: last completed iteration, its loss, a progress bar."""
+
+    def __init__(self, path: Path, total: int, start: int, show: bool):
+        self.path = path
+        self.offset = 0
+        self.last_step: int | None = None
+        self.last_change = time.monotonic()
+        self.bar = None
+        self.total, self.start = total, start
+        if show:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="training", unit="it", file=sys.stderr,
+                            dynamic_ncols=True)
+
+    def poll(self) -> None:
+        """Read the lines written since the last call; advance the bar."""
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        # Only whole lines: the writer may be half-way through one.
+        end = chunk.rfind("\n") + 1
+        self.offset += len(chunk[:end].encode())
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "step" in rec and "loss" in rec:
+                if self.bar is not None:
+                    self.bar.update(rec["step"] - (self.last_step if self.last_step is not None else self.start))
+                    self.bar.set_postfix(loss=f"{rec['loss']:.4f}", step_s=f"{rec['step_s']:.3f}")
+                self.last_step = rec["step"]
+                self.last_change = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _stop_all(procs: list, grace: float) -> None:
+    """SIGTERM every live worker, then SIGKILL whatever is left after `grace` seconds."""
+    procs = [p for p in procs if p.pid is not None]  # Ctrl-C may come while they are being started
+    for p in procs:
+        if p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+    for p in procs:
+        p.join(5.0)
+
+
+def launch_local(cfg: RunConfig, *, progress: bool = False,
+                 note: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+    """Run `cfg` with one local process per plan device; the result of rank 0, or `ExecutionError`."""
+    from spantrain.plan import Plan
+
+    plan = Plan.from_dict(cfg.plan)
+    # The device each rank runs (plan order unless a mapping file says otherwise).
+    if cfg.rank_map:
+        from spantrain.runtime.rankmap import ranks_from_file
+
+        by_rank = {r: d for d, r in ranks_from_file(cfg.rank_map, plan).items()}
+        devices = [by_rank[r] for r in range(len(by_rank))]
+    else:
+        devices = plan.devices
+    world = len(devices)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [run_dir / "result.json", *(run_dir / "errors").glob("rank*.txt")]:
+        stale.unlink(missing_ok=True)
+    store = run_dir / "rendezvous"
+    store.unlink(missing_ok=True)
+    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid())
+    config_path = run_dir / "run_config.json"
+    cfg.save(config_path)
+
+    ctx = _context()
+    procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
+                         name=f"spantrain-rank{r}") for r in range(world)]
+    start_step = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        latest = latest_checkpoint(cfg.checkpoint_dir)
+        if latest is not None:
+            start_step = json.loads((latest / "train_state.json").read_text())["step"]
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress)
+    try:
+        with _without_main_fixup():
+            for p in procs:
+                p.start()
+        workers_file(run_dir).write_text(json.dumps(
+            {"launcher": os.getpid(), "workers": [{"rank": r, "device": d, "pid": p.pid}
+                                                  for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")
+        failure = _supervise(procs, watcher, cfg)
+    except KeyboardInterrupt:
+        note("spantrain run: stopping after the current iteration (checkpointing if configured); "
+             "Ctrl-C again to kill")
+        try:
+            _stop_all(procs, _STOP_GRACE_S)
+        except KeyboardInterrupt:
+            _stop_all(procs, 0.0)
+        raise
+    finally:
+        for p in procs:  # whatever happened above, nothing outlives this call
+            if p.pid is not None and p.exitcode is None:
+                p.kill()
+                p.join(5.0)
+        watcher.poll()
+        watcher.close()
+
+    if failure is not None:
+        rank, how = failure
+        done = watcher.last_step
+        latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        where = f"after iteration {done}" if done is not None else "before the first iteration finished"
+        ckpt = (f"last checkpoint: {latest} (continue with --resume)" if latest is not None
+                else "no checkpoint was written")
+        if rank is None:
+            raise ExecutionError(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; "
+                                 f"logs in {run_dir / 'logs'}")
+        err_path = error_file(run_dir, rank)
+        detail = err_path.read_text().strip() if err_path.exists() else ""
+        raise ExecutionError(f"worker rank {rank} (device {devices[rank]}) {how} {where}"
+                             f"{': ' + detail if detail else ''}; stopped the other {world - 1} worker(s); {ckpt}; "
+                             f"logs in {run_dir / 'logs'}")
+    result_path = run_dir / "result.json"
+    if not result_path.exists():
+        raise ExecutionError(f"workers finished but rank 0 left no result in {result_path}")
+    return json.loads(result_path.read_text())
+
+
+def _secondary(run_dir: str, rank: int) -> bool:
+    """Whether a failed rank only reports that a peer went away or did not answer."""
+    path = error_file(run_dir, rank)
+    text = path.read_text() if path.exists() else ""
+    return any(s in text for s in _SECONDARY)
+
+
+def _blame(procs: list, failed: list[int], cfg: RunConfig) -> tuple[int, str]:
+    """Stop everyone and name the cause: a killed worker, else one with an error of its own; when
+    all failures say "my peer went away / timed out", the worker the others waited for: the one
+    still running (frozen, or stuck in a loop) once they have all given up."""
+    if all(procs[r].exitcode > 0 and _secondary(cfg.run_dir, r) for r in failed):
+        deadline = time.monotonic() + _KILL_GRACE_S  # the other victims time out at about the same moment
+        while time.monotonic() < deadline and sum(p.exitcode is None for p in procs) > 1:
+            wait_sentinels([p.sentinel for p in procs if p.exitcode is None], timeout=_POLL_S)
+        alive = [r for r, p in enumerate(procs) if p.exitcode is None]
+        if alive:
+            _stop_all(procs, _KILL_GRACE_S)
+            return alive[0], "stopped responding (the others timed out or lost the connection waiting for it)"
+        failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+
+    def rank_key(r: int) -> tuple[int, int]:
+        return (0 if procs[r].exitcode < 0 else 2 if _secondary(cfg.run_dir, r) else 1, r)
+
+    rank = min(failed, key=rank_key)
+    how = _describe_exit(procs[rank].exitcode)
+    _stop_all(procs, _KILL_GRACE_S)
+    return rank, how
+
+
+def _supervise(procs: list, watcher: _Progress, cfg: RunConfig) -> tuple[int | None, str] | None:
+    """Wait for the workers; None when all succeeded, else (rank to blame or None for all, what happened)."""
+    stall_limit = cfg.timeout_s + _STALL_MARGIN_S
+    while True:
+        wait_sentinels([p.sentinel for p in procs if p.exitcode is None], timeout=_POLL_S)
+        watcher.poll()
+        failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed:
+            return _blame(procs, failed, cfg)
+        if all(p.exitcode == 0 for p in procs):
+            return None
+        if time.monotonic() - watcher.last_change > stall_limit:
+            _stop_all(procs, _KILL_GRACE_S)
+            return None, f"completed no iteration for {stall_limit:.0f} s (stalled; see --timeout)"

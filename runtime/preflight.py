@@ -1,0 +1,67 @@
+"""Checks that refuse a run before any process starts (no torch import: the launcher stays light).
+
+Everything a user can get wrong about a run (a plan that does not fit the cluster or model,
+a model the runtime cannot build, data too short, a checkpoint for another model, nothing
+left to train) is caught here with one clear line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from spantrain.cluster import Cluster
+from spantrain.errors import ExecutionError, WorkloadError
+from spantrain.plan import Plan
+from spantrain.workload import Architecture, Workload
+
+__all__ = ["require_arch", "check_run", "resume_state", "cpu_cores"]
+
+
+def require_arch(workload: Workload) -> Architecture:
+    """The workload's architecture, or a clear error: the runtime cannot build a model without one."""
+    if workload.arch is None:
+        raise WorkloadError(f"model {workload.name!r} has no architecture: the runtime builds models from a preset "
+                            "or a workload file with an 'architecture:' section, not from explicit layer lists")
+    return workload.arch
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | None) -> None:
+    """Refuse a plan or input the runtime cannot execute (`PlanError` lists every plan problem)."""
+    plan.validate(cluster, workload)
+    arch = require_arch(workload)
+    if arch.vocab_size < 256:
+        raise WorkloadError(f"model {workload.name!r}: byte-level data needs a vocabulary of at least 256, "
+                            f"it has {arch.vocab_size}")
+    if data is not None:
+        p = Path(data)
+        if not p.is_file():
+            raise ExecutionError(f"--data {p}: file not found")
+        if p.stat().st_size < workload.seq_len + 1:
+            raise ExecutionError(f"--data {p}: {p.stat().st_size} bytes; one sample needs {workload.seq_len + 1}")
+
+
+def resume_state(checkpoint_dir: str | None, workload: Workload, steps: int) -> dict[str, Any]:
+    """The train state `--resume` continues from, or a clear refusal."""
+    from spantrain.runtime.checkpoint import check_meta, latest_checkpoint
+
+    if not checkpoint_dir:
+        raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        raise ExecutionError(f"--resume: no complete checkpoint in {checkpoint_dir}")
+    state = check_meta(latest, workload)
+    if int(state["step"]) >= steps:
+        raise ExecutionError(f"--resume: checkpoint {latest.name} is already at iteration {state['step']}; "
+                             f"--steps {steps} leaves nothing to train (it is the total, not the number to add)")
+    return {**state, "path": str(latest)}
+

@@ -1,0 +1,191 @@
+"""Every message the runtime sends goes through here: process-group setup, point-to-point
+transfers between pipeline stages, and the collectives of the data-parallel sync.
+
+Keeping them in one place gives one spot to time them (the metrics' "waiting on
+transfers") and one spot to shape them: under the local emulated cluster
+(``SPANTRAIN_EMULATION`` set) every send first waits its link's latency and every
+collective its ring latency, as `spantrain.runtime.emulator.latency` prescribes.
+
+`torch.distributed.pipelining` issues its stage-to-stage transfers through two
+module-level helpers, `_batch_p2p` and `_wait_batch_p2p`; `Transport.install` routes them
+through this module. It issues each operation on its own (gloo runs a batch one operation
+at a time anyway; every schedule posts matching operations in the same order on both
+sides, so this cannot deadlock), which lets emulated latency apply per message. The
+pipelining helpers are private: if a torch release renames them, `install` says so instead
+of silently running untimed.
+
+Backend: NCCL when CUDA is available (each rank on ``cuda:{local_rank}``), gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from spantrain.errors import ExecutionError
+from spantrain.runtime.preflight import cpu_cores
+
+__all__ = ["TransferStats", "Transport", "choose_backend", "threads_per_rank"]
+
+
+def choose_backend(local_rank: int = 0) -> tuple[str, torch.device]:
+    """(backend, device) for this process: NCCL on its own GPU when CUDA is there, else gloo on the CPU."""
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        count = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % count)
+        torch.cuda.set_device(device)
+        return "nccl", device
+    return "gloo", torch.device("cpu")
+
+
+@dataclass
+class TransferStats:
+    """Seconds this rank spent blocked on communication, and how much it sent."""
+
+    p2p_wait_s: float = 0.0
+    """Waiting for activations / gradients from neighbouring stages (and for sends to drain)."""
+    collective_s: float = 0.0
+    """Inside data-parallel collectives (gradient or parameter averaging) and barriers."""
+    bytes_sent: int = 0
+    """Bytes of point-to-point sends issued."""
+    messages: int = 0
+    """Point-to-point operations issued (sends and receives)."""
+
+
+class Transport:
+    """Point-to-point and collective communication for one rank, timed."""
+
+    def __init__(self, backend: str, device: torch.device, timeout_s: float):
+        self.backend = backend
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+        self.stats = TransferStats()
+        self._installed = False
+        self._emulation = None
+        if os.environ.get("SPANTRAIN_EMULATION"):
+            # Running on the local emulated cluster: it shapes bandwidth in the kernel and leaves
+            # per-message latency to the sender (contract in spantrain.runtime.emulator.latency).
+            from spantrain.runtime.emulator import latency
+
+            self._emulation = latency
+
+    # ---- setup ---------------------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, *, rank: int, world_size: int, init_method: str | None, timeout_s: float,
+             local_rank: int = 0) -> Transport:
+        """Join the default process group (``init_method=None`` reads torchrun's ``env://``)."""
+        backend, device = choose_backend(local_rank)
+        dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        return cls(backend, device, timeout_s)
+
+    def new_group(self, ranks: Iterable[int]) -> dist.ProcessGroup | None:
+        """A process group over `ranks` (every rank must call this, in the same order)."""
+        return dist.new_group(ranks=sorted(ranks), timeout=self.timeout)
+
+    def install(self) -> None:
+        """Route torch.distributed.pipelining's stage-to-stage transfers through this transport."""
+        from torch.distributed.pipelining import schedules
+
+        for name in ("_batch_p2p", "_wait_batch_p2p"):
+            if not callable(getattr(schedules, name, None)):
+                raise ExecutionError(f"this torch ({torch.__version__}) has no pipelining helper {name}; "
+                                     "the runtime's transport needs it (tested with torch 2.6-2.13)")
+        schedules._batch_p2p = lambda ops, desc=None: self.issue(ops)
+        schedules._wait_batch_p2p = self.wait
+        self._installed = True
+
+    def close(self) -> None:
+        """Leave the process group (every rank at the end of its run)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- point to point ----------------------------------------------------------------------
+
+    def issue(self, ops: list[dist.P2POp]) -> list[dist.Work]:
+        """Start each operation on its own; the caller waits on the returned works."""
+        works = []
+        for op in ops:
+            if op.op is dist.isend:
+                nbytes = op.tensor.numel() * op.tensor.element_size()
+                if self._emulation is not None:
+                    t0 = time.perf_counter()
+                    self._emulation.delay_before_send(dist.get_rank(), dist.get_global_rank(op.group, op.group_peer),
+                                                      nbytes)
+                    self.stats.p2p_wait_s += time.perf_counter() - t0
+                works.append(dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
+                self.stats.bytes_sent += nbytes
+            elif op.op is dist.irecv:
+                works.append(dist.irecv(op.tensor, group=op.group, tag=op.tag, group_src=op.group_peer))
+            else:
+                raise ExecutionError(f"unsupported point-to-point operation {op.op!r}")
+            self.stats.messages += 1
+        return works
+
+    def wait(self, works: Iterable[dist.Work]) -> None:
+        """Block until the transfers are done; the time counts as waiting on transfers."""
+        t0 = time.perf_counter()
+        for w in works:
+            w.wait()
+        self.stats.p2p_wait_s += time.perf_counter() - t0
+
+    # ---- collectives ---------------------------------------------------------------------------
+
+    def _collective_latency(self, group: dist.ProcessGroup | None) -> None:
+        if self._emulation is not None:
+            ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+            delay = self._emulation.ring_latency_s(ranks)
+            if delay > 0:
+                time.sleep(delay)
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+        """Sum `tensor` in place over `group`."""
+        t0 = time.perf_counter()
+        self._collective_latency(group)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        self.stats.collective_s += time.perf_counter() - t0
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> None:
+        """Copy `tensor` from global rank `src` to every member of `group`."""
+        t0 = time.perf_counter()
+        self._collective_latency(group)
+        dist.broadcast(tensor, src=src, group=group)
+        self.stats.collective_s += time.perf_counter() - t0
+
+    def all_gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        """Stack one small row from every rank of the world (rank order); used for per-step stats."""
+        out = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, row)
+        return torch.stack(out)
+
+    def all_gather_object(self, obj: object) -> list:
+        """One picklable object from every rank, in rank order (start-up only: it is slow)."""
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every rank (checkpoint phases)."""
+        t0 = time.perf_counter()
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+        self.stats.collective_s += time.perf_counter() - t0
+
+    def take_stats(self) -> TransferStats:
+        """The stats since the last call, and start counting afresh."""
+        out, self.stats = self.stats, TransferStats()
+        return out
+
+
+def threads_per_rank(local_world: int) -> int:
+    """CPU threads for one rank when `local_world` ranks share this machine's cores."""
+    return max(1, cpu_cores() // max(1, local_world))

@@ -1,0 +1,256 @@
+"""One rank of a training run: build its stage from the plan, train, report, checkpoint.
+
+Started once per plan device, either by the local launcher (`spantrain.runtime.launcher`)
+or by torchrun (then `spantrain run` itself calls `run_worker` in every process).
+
+An iteration on every rank: take this pipeline's share of the next samples (first and last
+stage only), run the stage's schedule, weight and sum gradients with the layer's other
+holders, AdamW step, then meet all ranks in one small all-gather that carries the loss,
+the per-rank timings and the stop vote (so a SIGTERM on any rank stops all of them at the
+same iteration, after which they checkpoint and exit cleanly).
+
+Exit codes: 0 done, 1 unexpected error, 2 a refusal (`SpantrainError`), 3 the launcher
+went away. Each failing rank writes one line to ``RUN_DIR/errors/rank{r}.txt`` (the
+launcher reports it) and its traceback to its log.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Imported here so the launcher's fork server loads them once for all workers.
+import torch.distributed.checkpoint
+import torch.distributed.pipelining
+
+from spantrain.errors import ExecutionError, SpantrainError
+from spantrain.runtime import zb_order
+from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta
+from spantrain.runtime.config import RunConfig
+from spantrain.runtime.data import SampleStream, batch_slices, load_tokens
+from spantrain.runtime.entry import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, error_file
+from spantrain.runtime.metrics import MetricsLog, summarize
+from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
+from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
+from spantrain.runtime.pipeline import build_stage_runner
+from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
+from spantrain.runtime.sync import Synchronizer, build_holder_groups
+from spantrain.runtime.transport import Transport, threads_per_rank
+
+__all__ = ["StopFlag", "run_worker", "guarded"]
+
+class StopFlag:
+    """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | None, local: bool,
+               stop: StopFlag | None = None) -> dict[str, Any] | None:
+    """Train this rank's part of the run; rank 0 returns the run summary (others None)."""
+    stop = stop or StopFlag()
+    cluster, workload, plan = cfg.load()
+    arch = require_arch(workload)
+    local_world = world_size if local else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(cfg.threads or threads_per_rank(local_world))
+    torch.manual_seed(cfg.seed)
+
+    transport = Transport.init(rank=rank, world_size=world_size, init_method=init_method, timeout_s=cfg.timeout_s,
+                               local_rank=rank if local else int(os.environ.get("LOCAL_RANK", "0")))
+    transport.install()
+    try:
+        if local:
+            rank_of, how = resolve_ranks(plan, cluster, world_size, None, cfg.rank_map)
+        else:
+            records = transport.all_gather_object(host_record())
+            rank_of, how = resolve_ranks(plan, cluster, world_size, records, cfg.rank_map)
+        layout = Layout(plan, cluster, rank_of)
+        me = layout.roles[rank]
+        pipeline = plan.pipelines[me.pipeline]
+
+        # Process groups: every rank creates every group, in the same order.
+        pipe_groups = [transport.new_group(layout.pipeline_ranks(i)) for i in range(len(plan.pipelines))]
+        holder_groups = build_holder_groups(layout, workload.num_layers, plan.sync.mode, transport)
+
+        device = transport.device
+        module = build_stage_module(workload, *me.layers, seed=cfg.seed, device=device)
+        optimizer = make_optimizer(module, cfg.optim)
+        runner = build_stage_runner(schedule=plan.schedule, module=module, stage_index=me.stage,
+                                    stage_ranks=layout.pipeline_ranks(me.pipeline),
+                                    num_micro_batches=pipeline.num_micro_batches, group=pipe_groups[me.pipeline],
+                                    device=device, loss=loss_fn,
+                                    orders=lambda: _orders(cfg, cluster, workload, plan, me.pipeline))
+        share = pipeline.batch / plan.batch
+        sync = Synchronizer(mode=plan.sync.mode, period=plan.sync.period, rank=rank, region=me.region, share=share,
+                            groups=holder_groups, transport=transport)
+        offset, count = batch_slices(plan)[me.pipeline]
+
+        step, samples_seen, seed = 0, 0, cfg.seed
+        ckpt = Checkpointer(cfg.checkpoint_dir, rank=rank, barrier=transport.barrier,
+                            keep=cfg.keep_checkpoints) if cfg.checkpoint_dir else None
+        resumed_from = None
+        if cfg.resume:
+            path = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+            if path is None:
+                raise ExecutionError(f"no checkpoint to resume from in {cfg.checkpoint_dir}")
+            state = check_meta(path, workload)
+            ensure_state(optimizer)
+            Checkpointer.load(path, _checkpoint_tensors(module, optimizer))
+            step, samples_seen, seed = int(state["step"]), int(state["samples_seen"]), int(state["seed"])
+            torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["rng_state"])), dtype=torch.uint8))
+            resumed_from = str(path)
+
+        stream = None
+        if runner.is_first or runner.is_last:
+            stream = SampleStream(load_tokens(cfg.data), seq_len=workload.seq_len, seed=seed,
+                                  vocab_size=arch.vocab_size, masked_lm=arch.family == "bert")
+
+        metrics = tracker = None
+        if rank == 0:
+            from spantrain.tracking import Tracker
+
+            tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
+                              config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
+                                      "seed": seed, **dataclasses.asdict(cfg.optim)})
+            metrics = MetricsLog(cfg.metrics_path, tracker)
+            metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
+                          zb_order=runner.order_source,
+                          devices={r: role.device for r, role in sorted(layout.roles.items())})
+
+        start_step = step
+        last_ckpt = None
+        ckpt_pending = False
+        t_mark = time.perf_counter()
+        while step < cfg.steps:
+            t0, c0 = time.perf_counter(), time.process_time()
+            transport.take_stats()
+            inputs = targets = None
+            if stream is not None:
+                x, y = stream.batch(samples_seen + offset, count)
+                inputs = x.to(device) if runner.is_first else None
+                targets = y.to(device) if runner.is_last else None
+            losses = runner.step(inputs, targets)
+            sync.reduce_gradients(module, step)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync.average_state(module, optimizer, step)
+            busy, cpu = time.perf_counter() - t0, time.process_time() - c0
+            st = transport.take_stats()
+            loss_part = float(torch.stack(losses).mean()) * share if losses else 0.0
+            row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu],
+                               dtype=torch.float64, device=device)
+            rows = transport.all_gather_rows(row).cpu()
+            now = time.perf_counter()
+            step_s, t_mark = now - t_mark, now
+            stopping = bool(rows[:, 4].max() > 0)
+            step += 1
+            samples_seen += plan.batch
+            if metrics is not None:
+                metrics.step({
+                    "step": step, "step_s": step_s, "samples": plan.batch, "samples_per_s": plan.batch / step_s,
+                    "loss": float(rows[:, 3].sum()), "cpu_s": float(rows[:, 5].sum()),
+                    "ranks": [{"rank": r, "device": layout.roles[r].device,
+                               "compute_s": float(rows[r, 0] - rows[r, 1] - rows[r, 2]),
+                               "p2p_wait_s": float(rows[r, 1]), "sync_s": float(rows[r, 2]),
+                               "cpu_s": float(rows[r, 5])}
+                              for r in range(world_size)]})
+            ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            final = stopping or step == cfg.steps
+            # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync
+            # point; a final one saves their weighted average.
+            synced = sync.is_sync_step(step - 1)
+            if ckpt is not None and ((ckpt_pending and synced) or final):
+                if not synced:
+                    sync.average_state(module, optimizer, step - 1, force=True)
+                ensure_state(optimizer)  # parameters that never had a gradient still get (zero) state
+                ckpt_pending = False
+                last_ckpt = ckpt.save(step, _checkpoint_tensors(module, optimizer),
+                                      _train_state(step, samples_seen, seed, cfg, plan), model_meta(workload))
+                if metrics is not None:
+                    metrics.event("checkpoint", step=step, path=str(last_ckpt))
+            if stopping:
+                break
+            t_mark = time.perf_counter()  # checkpoint time is not iteration time
+
+        if metrics is None:
+            return None
+        summary = summarize(metrics.records)
+        result = {**summary, "start_step": start_step, "final_step": step, "target_steps": cfg.steps,
+                  "stopped_early": step < cfg.steps, "losses": [r["loss"] for r in metrics.records],
+                  "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
+                  "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
+                  "backend": transport.backend, "precision": "fp32",
+                  "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
+                  "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir}
+        metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})
+        metrics.close()
+        if tracker is not None:
+            tracker.summary({k: v for k, v in summary.items() if v is not None})
+            tracker.finish()
+        _write_json(Path(cfg.run_dir) / "result.json", result)
+        return result
+    finally:
+        transport.close()
+
+
+def _orders(cfg: RunConfig, cluster, workload, plan, pipeline: int):
+    """Zero-bubble op orders of one pipeline: computed once by the launcher when it did, else here."""
+    if cfg.zb_orders is not None:
+        source = cfg.zb_order_source or "launcher"
+        p = plan.pipelines[pipeline]
+        return zb_order.check_orders(cfg.zb_orders[pipeline], len(p.stages), p.num_micro_batches, source), source
+    return zb_order.all_pipeline_orders(cluster, workload, plan)[pipeline]
+
+
+def _checkpoint_tensors(module, optimizer) -> dict[str, torch.Tensor]:
+    out = {k: p for ps in module.layer_parameters().values() for k, p in ps}
+    out.update(optimizer_tensors(module, optimizer))
+    return out
+
+
+def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan) -> dict[str, Any]:
+    return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
+            "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+            "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time()}
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def guarded(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | None, local: bool,
+            stop: StopFlag | None = None) -> tuple[int, dict[str, Any] | None]:
+    """`run_worker` with failures turned into an exit code and a one-line error file."""
+    try:
+        return EXIT_OK, run_worker(cfg, rank=rank, world_size=world_size, init_method=init_method, local=local,
+                                   stop=stop)
+    except SpantrainError as e:
+        _record_error(cfg, rank, str(e))
+        return EXIT_REFUSED, None
+    except BaseException as e:  # a worker reports whatever ends it (DCP raises BaseExceptions)
+        traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _record_error(cfg, rank, f"{type(e).__name__}: {first}" if first else type(e).__name__)
+        return EXIT_ERROR, None
+
+
+def _record_error(cfg: RunConfig, rank: int, message: str) -> None:
+    path = error_file(cfg.run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(message.strip() + "\n")
+    print(f"rank {rank}: {message}", file=sys.stderr, flush=True)

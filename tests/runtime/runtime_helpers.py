@@ -1,0 +1,117 @@
+"""Shared inputs and launch helpers for the runtime tests.
+
+The cluster has four CPU "devices" in two regions; the model is a 6-layer GPT (4 blocks)
+small enough that a few iterations of a 4-process run take seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+CLUSTER = {
+    "name": "rt-test",
+    "devices": [
+        {"id": "a", "count": 2, "region": "r1", "tflops": 1, "memory_gb": 8},
+        {"id": "b", "count": 2, "region": "r2", "tflops": 1, "memory_gb": 8},
+    ],
+    "network": {
+        "regions": {"r1": {"gbps": 10, "latency_ms": 0.1}, "r2": {"gbps": 10, "latency_ms": 0.1}},
+        "default": {"gbps": 1, "latency_ms": 1},
+    },
+}
+
+MODEL = {
+    "name": "rt-small",
+    "global_batch": 10,
+    "seq_len": 16,
+    "precision": "fp32",
+    "architecture": {"family": "gpt2", "vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2, "d_ff": 64,
+                     "max_seq_len": 32},
+}
+
+BATCH = 10
+"""Iteration batch of every plan below."""
+
+LR = 0.01
+EXACT_EPS = 1.0
+"""AdamW epsilon for exactness runs. With the default 1e-8 Adam divides a gradient by its own
+magnitude, so elements whose true gradient is ~1e-9 flip sign on float noise and the
+comparison would test rounding, not the runtime; a large epsilon keeps the update
+proportional to the gradient, so every gradient error shows, including a wrong scale."""
+
+
+def plan(schedule: str, sync: str, pipelines: list[tuple[int, int, list[tuple[str, int, int]]]],
+         period: int = 1) -> dict[str, Any]:
+    """A plan dict: pipelines as (micro_batch_size, num_micro_batches, [(device, start, end), ...])."""
+    return {"schedule": schedule, "sync": {"mode": sync, "period": period},
+            "pipelines": [{"micro_batch_size": mbs, "num_micro_batches": nmb,
+                           "stages": [{"devices": [d], "layers": [a, b]} for d, a, b in stages]}
+                          for mbs, nmb, stages in pipelines]}
+
+
+# Two pipelines that cut the 6 layers differently, with different micro-batch sizes and counts.
+ASYMMETRIC = [(1, 4, [("a-0", 0, 2), ("b-0", 2, 6)]),
+              (2, 3, [("a-1", 0, 4), ("b-1", 4, 6)])]
+# Three pipelines whose holder sets span both regions with two members in one of them, so
+# hierarchical sync runs all three phases (in-region sum, leaders' sum, in-region broadcast).
+THREE_WAY = [(1, 4, [("a-0", 0, 3), ("b-0", 3, 6)]),
+             (2, 2, [("a-1", 0, 6)]),
+             (2, 1, [("b-1", 0, 6)])]
+
+
+def write_inputs(tmp: Path) -> tuple[Path, Path]:
+    """(cluster spec, model file) in `tmp`."""
+    cluster, model = tmp / "cluster.json", tmp / "model.json"
+    cluster.write_text(json.dumps(CLUSTER))
+    model.write_text(json.dumps(MODEL))
+    return cluster, model
+
+
+def spantrain(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m spantrain ARGS` in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "spantrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def spantrain_here(*args: str) -> tuple[int, str, str]:
+    """`spantrain ARGS` in this process: (exit code, stdout, stderr).
+
+    Local runs fork their workers from a fork server that imports torch once per *process*,
+    so runs started from the test process share it and skip seconds of start-up each.
+    """
+    from spantrain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_plan(tmp: Path, name: str, plan_dict: dict[str, Any], steps: int, *extra: str,
+             eps: float = EXACT_EPS) -> dict[str, Any]:
+    """Run `plan_dict` locally with checkpoints; the --json result (asserts success and one JSON line)."""
+    cluster, model = write_inputs(tmp)
+    plan_path = tmp / f"{name}.plan.json"
+    plan_path.write_text(json.dumps(plan_dict))
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan", str(plan_path),
+                                    "--steps", str(steps), "--lr", str(LR), "--adam-eps", str(eps),
+                                    "--run-dir", str(tmp / name), "--checkpoint-dir", str(tmp / f"{name}.ckpt"),
+                                    "--json", *extra)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def workload():
+    from spantrain.workload import Workload
+
+    return Workload.from_spec(MODEL, "model")

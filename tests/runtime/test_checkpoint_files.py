@@ -1,0 +1,84 @@
+"""Checkpoint directories: atomic, keyed by layer, and refused for another model (one process)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from runtime_helpers import MODEL, workload
+
+from spantrain.errors import ExecutionError
+from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta, read_tensors
+from spantrain.runtime.metrics import summarize, warmup_steps
+from spantrain.runtime.preflight import resume_state
+from spantrain.workload import Workload
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _save(ck: Checkpointer, step: int, value: float):
+    tensors = {"layers.0.w": torch.full((3,), value), "optim.layers.0.w.exp_avg": torch.zeros(3)}
+    return ck.save(step, tensors, {"step": step, "samples_seen": 10 * step, "seed": 0, "rng_state": ""},
+                   model_meta(workload()))
+
+
+def test_save_load_prune_and_latest(tmp_path, one_process_group):
+    root = tmp_path / "ck"
+    ck = Checkpointer(root, rank=0, barrier=dist.barrier, keep=2)
+    for step in (1, 2, 3):
+        _save(ck, step, float(step))
+    (root / ".tmp-step-00000004").mkdir()  # a save that crashed half-way
+    assert sorted(p.name for p in root.iterdir()) == [".tmp-step-00000004", "latest", "step-00000002",
+                                                        "step-00000003"]
+    assert latest_checkpoint(root) == root / "step-00000003"
+    assert torch.equal(read_tensors(root / "step-00000003")["layers.0.w"], torch.full((3,), 3.0))
+    target = {"layers.0.w": torch.zeros(3)}
+    Checkpointer.load(root / "step-00000002", target)
+    assert torch.equal(target["layers.0.w"], torch.full((3,), 2.0))
+    # saving the same step again replaces it whole
+    _save(ck, 3, 7.0)
+    assert torch.equal(read_tensors(root / "step-00000003")["layers.0.w"], torch.full((3,), 7.0))
+    with pytest.raises(ExecutionError, match="cannot load checkpoint"):
+        Checkpointer.load(root / "step-00000003", {"layers.9.missing": torch.zeros(1)})
+
+
+def test_latest_survives_a_missing_pointer(tmp_path):
+    for step in (4, 12):
+        d = tmp_path / f"step-{step:08d}"
+        d.mkdir()
+        (d / "train_state.json").write_text("{}")
+    (tmp_path / "step-00000020").mkdir()  # no train_state.json: incomplete
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-00000012"
+    assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_meta_refuses_another_model(tmp_path):
+    d = tmp_path / "step-00000003"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps(model_meta(workload())))
+    (d / "train_state.json").write_text(json.dumps({"step": 3, "samples_seen": 30, "seed": 1}))
+    assert check_meta(d, workload())["step"] == 3
+    other = Workload.from_spec({**MODEL, "architecture": {**MODEL["architecture"], "d_model": 48}}, "other")
+    with pytest.raises(ExecutionError, match="different architecture"):
+        check_meta(d, other)
+    assert resume_state(str(tmp_path), workload(), 5)["path"] == str(d)
+    with pytest.raises(ExecutionError, match="leaves nothing to train"):
+        resume_state(str(tmp_path), workload(), 3)
+    with pytest.raises(ExecutionError, match="needs --checkpoint-dir"):
+        resume_state(None, workload(), 5)
+
+
+def test_summary_uses_medians_after_warmup():
+    recs = [{"step": i + 1, "loss": 5.0 - i, "step_s": s, "samples_per_s": 10 / s}
+            for i, s in enumerate([9.0, 3.0, 1.0, 2.0, 1.0])]
+    out = summarize(recs)
+    assert warmup_steps(5) == 2 and out["step_s"] == 1.0 and out["samples_per_s"] == 10.0
+    assert out["loss_first"] == 5.0 and out["loss_last"] == 1.0 and out["steps"] == 5
+    assert summarize(recs[:1])["step_s"] == 9.0

@@ -1,0 +1,159 @@
+"""Refusals before any process starts, a dying worker, and --resume after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from runtime_helpers import ASYMMETRIC, plan, spantrain, spantrain_here, write_inputs
+
+from spantrain.runtime.launcher import workers_file
+
+
+def _one_error_line(code: int, out: str, err: str) -> str:
+    """The error line; besides it stderr may only hold notes (e.g. that workers share cores)."""
+    assert code == 2, err
+    assert out == ""
+    lines = [x for x in err.strip().splitlines() if not x.startswith("spantrain run: note: ")]
+    assert len(lines) == 1 and lines[0].startswith("spantrain run: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _run_args(tmp_path, plan_dict, *extra):
+    cluster, model = write_inputs(tmp_path)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_dict))
+    return ["run", "--cluster", str(cluster), "--model", str(model), "--plan", str(path), *extra]
+
+
+def test_invalid_plan_is_refused_before_any_process_starts(tmp_path):
+    bad = plan("1f1b", "allreduce", [(1, 4, [("a-0", 0, 2), ("nope", 3, 6)])])
+    # a real process: exit code and stderr exactly as a shell sees them
+    proc = spantrain(*_run_args(tmp_path, bad, "--steps", "2", "--run-dir", str(tmp_path / "run")), timeout=60)
+    line = _one_error_line(proc.returncode, proc.stdout, proc.stderr)
+    assert "unknown device 'nope'" in line and "layers [2, 3) are not covered" in line
+    assert not (tmp_path / "run").exists()  # nothing was launched
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--steps", "2", "--resume", "--checkpoint-dir", "EMPTY"], "no complete checkpoint"),
+    (["--steps", "2", "--data", "MISSING"], "file not found"),
+])
+def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
+    extra = [str(tmp_path / "empty") if x == "EMPTY" else str(tmp_path / "missing.txt") if x == "MISSING" else x
+             for x in extra]
+    (tmp_path / "empty").mkdir()
+    result = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), *extra,
+                                       "--run-dir", str(tmp_path / "run")))
+    assert expected in _one_error_line(*result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_planner_is_a_clean_error(tmp_path):
+    cluster, model = write_inputs(tmp_path)
+    result = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--planner", "no-such-planner",
+                            "--steps", "2")
+    assert "unknown planner 'no-such-planner'" in _one_error_line(*result)
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_killed_worker_stops_the_run_and_resume_continues(tmp_path):
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    args = _run_args(tmp_path, plan("1f1b", "hierarchical", ASYMMETRIC), "--steps", "100000",
+                     "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3", "--run-dir", str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (ckpt / "latest").exists(), 120, "the first checkpoint")
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        victim = workers[1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_after = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    line = _one_error_line(proc.returncode, out, err)
+    assert line.startswith("spantrain run: error: worker rank 1 (device b-0) was killed by SIGKILL"), err
+    assert "--resume" in line
+    assert stopped_after < 15, f"the run took {stopped_after:.1f} s to stop"
+    assert not any(_alive(w["pid"]) for w in workers), "a worker outlived the run"
+
+    last = json.loads((ckpt / (ckpt / "latest").read_text().strip() / "train_state.json").read_text())["step"]
+    code, out, err = spantrain_here(*_run_args(tmp_path, plan("1f1b", "hierarchical", ASYMMETRIC), "--steps",
+                                               str(last + 2), "--checkpoint-dir", str(ckpt), "--resume", "--json",
+                                               "--run-dir", str(tmp_path / "again")))
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["start_step"] == last and result["final_step"] == last + 2
+    assert result["resumed_from"].endswith(f"step-{last:08d}")
+
+
+@pytest.mark.slow
+def test_a_worker_error_is_reported_in_one_line(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    code, _, err = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "1",
+                                             "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "one")))
+    assert code == 0, err
+    for shard in (ckpt / "step-00000001").glob("*.distcp"):
+        shard.unlink()  # the checkpoint's data is gone; its metadata still looks complete
+    result = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "2", "--resume",
+                                       "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "two")))
+    line = _one_error_line(*result)
+    assert "worker rank" in line and "cannot load checkpoint" in line, result
+
+
+@pytest.mark.slow
+def test_frozen_worker_is_named_and_the_run_ends_within_the_timeout(tmp_path):
+    """A worker that stops answering (SIGSTOP: alive, silent) must not hang the run."""
+    run_dir = tmp_path / "run"
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--timeout", "5",
+                     "--run-dir", str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
+                  if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.kill(workers[1]["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+        stopped_after = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    line = _one_error_line(proc.returncode, out, err)
+    assert "worker rank 1 (device b-0) stopped responding" in line
+    assert stopped_after < 5 + 25, f"the run took {stopped_after:.1f} s to stop"
+    assert not any(_alive(w["pid"]) for w in workers)

@@ -1,0 +1,121 @@
+"""`spantrain run` as a user meets it: human output, metrics, data files, Ctrl-C, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from runtime_helpers import BATCH, EXACT_EPS, LR, plan, spantrain_here, workload, write_inputs
+
+from spantrain.runtime.checkpoint import read_tensors
+from spantrain.runtime.config import OptimConfig
+from spantrain.runtime.launcher import workers_file
+from spantrain.runtime.reference import train_reference
+
+pytestmark = pytest.mark.slow
+
+
+def test_human_run_on_a_text_file_writes_metrics(tmp_path):
+    cluster, model = write_inputs(tmp_path)
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    (tmp_path / "p.json").write_text(json.dumps(plan("gpipe", "allreduce", [(5, 2, [("a-0", 0, 3), ("a-1", 3, 6)])])))
+    code, out, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                    "--steps", "3", "--data", str(text), "--run-dir", str(tmp_path / "run"))
+    assert code == 0, err
+    assert out.startswith("trained iterations 0..3 of 3: loss ")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "step" in x and "loss" in x]
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    for rec in steps:
+        assert rec["samples"] == BATCH and rec["samples_per_s"] == pytest.approx(BATCH / rec["step_s"])
+        assert [r["device"] for r in rec["ranks"]] == ["a-0", "a-1"]
+        assert all(r["compute_s"] > 0 and r["p2p_wait_s"] >= 0 and r["sync_s"] >= 0 for r in rec["ranks"])
+    # the two stages exchanged activations and gradients, so some waiting was measured
+    assert sum(r["p2p_wait_s"] for rec in steps for r in rec["ranks"]) > 0
+    assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
+
+
+def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    # its own session: Ctrl-C in a terminal signals the whole foreground process group
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
+                             "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
+                             "--checkpoint-dir", str(ckpt), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert result["stopped_early"] and result["checkpoint"].endswith(f"step-{result['final_step']:08d}")
+    assert (ckpt / "latest").read_text().strip() == f"step-{result['final_step']:08d}"
+    for w in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(w["pid"], 0)
+
+
+def _check_exact(result, tmp_path):
+    ref = train_reference(workload(), steps=3, batch=BATCH, seed=0, optim=OptimConfig(lr=LR, eps=EXACT_EPS))
+    assert result["losses"] == pytest.approx(ref.losses, rel=1e-5)
+    got = read_tensors(result["checkpoint"])
+    assert max((got[k] - v).abs().max().item() for k, v in ref.params.items()) < 1e-6
+
+
+def _exact_args(tmp_path, schedule):
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan(schedule, "allreduce", [(2, 5, [("a-0", 0, 3), ("a-1", 3, 6)])])))
+    return ["-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"), "--steps", "3",
+            "--lr", str(LR), "--adam-eps", str(EXACT_EPS), "--run-dir", str(tmp_path / "run"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--json"]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_rank_map_file_puts_the_first_stage_on_rank_one(tmp_path, schedule):
+    """Stage order != rank order: torch's group ranks must follow the map, not the stage index."""
+    (tmp_path / "ranks.json").write_text(json.dumps({"a-0": 1, "a-1": 0}))
+    code, out, err = spantrain_here("run", *_exact_args(tmp_path, schedule), "--rank-map", str(tmp_path / "ranks.json"))
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["rank_map"] == f"mapping file {tmp_path / 'ranks.json'}"
+    start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["devices"] == {"0": "a-1", "1": "a-0"}
+    _check_exact(result, tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
+    os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="torchrun not installed")
+def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
+    """Two torchrun processes; the cluster's records put the first stage on local rank 1."""
+    args = _exact_args(tmp_path, "zb-h1")
+    cluster = tmp_path / "cluster.json"
+    spec = json.loads(cluster.read_text())
+    spec["devices"] = [{"id": "a-0", "region": "r1", "tflops": 1, "memory_gb": 8, "host": "box", "local_rank": 1},
+                       {"id": "a-1", "region": "r1", "tflops": 1, "memory_gb": 8, "host": "box", "local_rank": 0},
+                       {"id": "b", "count": 2, "region": "r2", "tflops": 1, "memory_gb": 8}]
+    cluster.write_text(json.dumps(spec))
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "spantrain", "run", *args],
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "SPANTRAIN_HOST": "box"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["rank_map"] == "host/local_rank records"
+    start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["devices"] == {"0": "a-1", "1": "a-0"}
+    _check_exact(result, tmp_path)
