@@ -4,8 +4,10 @@
 and the workload (per-device, per-sample prefix sums of F/B/W seconds over the layers,
 prefix sums of parameters and activation bytes, the link arrays), so `estimate(plan)`
 only flattens the plan into a few integer arrays and runs one compiled kernel
-(`spantrain.env.kernel`). Planners that search millions of candidates can skip `Plan`
-objects entirely with `estimate_arrays`, or use the building blocks:
+(`spantrain.env.kernel`). Searches that rank many candidates can use
+`estimate_fast(plan_or_arrays) -> (iteration_s, samples_per_s, feasible)` (the same
+numbers, no `Estimate` built), skip `Plan` objects entirely with `arrays(...)` +
+`estimate_arrays` / `estimate_fast`, or use the building blocks:
 
 - `compute_time(device, a, b, m)`: (F, B, W) seconds of layers [a, b) for m samples;
 - `forward_prefix` / `input_grad_prefix` / `weight_grad_prefix`: the per-sample prefix
@@ -27,6 +29,7 @@ input-gradient to weight-gradient FLOPs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +41,8 @@ from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.env.collectives import SYNC_CODES
 from spantrain.env.collectives import collective_time as _collective_time
-from spantrain.env.kernel import evaluate_plan
+from spantrain.env.kernel import evaluate as _evaluate
+from spantrain.env.kernel import out_size, pack_model, split_out, workspace_size
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.errors import PlanError, SpecError
 from spantrain.estimate import Estimate
@@ -87,6 +91,33 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ints(values: list[int]) -> np.ndarray:
+    """An int64 array of a list of ints (`np.fromiter` skips `np.array`'s type discovery)."""
+    return np.fromiter(values, np.int64, len(values))
+
+
+def _estimate_factory():
+    """A constructor of `Estimate` that skips the frozen dataclass's per-field
+    ``object.__setattr__`` (a third of an estimate's Python time), when that is
+    equivalent: every field passed, no ``__post_init__``, instances with a ``__dict__``."""
+    fields = {f.name for f in dataclasses.fields(Estimate)}
+    ours = {"iteration_s", "samples_per_s", "feasible", "reasons", "peak_memory_gb", "bubble_fraction",
+            "pipeline_s", "exposed_comm_s", "sync_s", "optimizer_s", "pipeline_period_s"}
+    if fields != ours or hasattr(Estimate, "__post_init__") or hasattr(Estimate, "__slots__"):
+        return Estimate
+    new = object.__new__
+
+    def make(**values):
+        e = new(Estimate)
+        e.__dict__.update(values)
+        return e
+
+    return make
+
+
+_new_estimate = _estimate_factory()
+
+
 class PlanArrays(NamedTuple):
     """A plan flattened for the kernel: pipeline p owns stages pipe_ptr[p]..pipe_ptr[p+1]-1.
 
@@ -120,10 +151,6 @@ class PipelineTiming:
     """When each stage's last op ends (its gradients are complete)."""
     in_flight: tuple[int, ...]
     """Peak micro-batches each stage holds between F and W."""
-
-
-def _pos_int(x: object) -> bool:
-    return type(x) is int and x > 0
 
 
 class CostModel:
@@ -162,57 +189,76 @@ class CostModel:
         self._index = {d: i for i, d in enumerate(self._ids)}
         self._memo: dict | None = {} if memo else None
         self._capacity = self.capacity_bytes.tolist()
+        self._packed = (*pack_model(self.forward_prefix, self.input_grad_prefix, self.weight_grad_prefix,
+                                    self.boundary_bytes, self.params_prefix, self.activation_prefix,
+                                    self.activation_bytes, self.flops, self.capacity_bytes, self.bandwidth,
+                                    self.latency), self.region, self.calib)
+        self._unknown = np.full(64, -1, dtype=np.int64)  # "no pipeline memoized", for up to 64 pipelines
+        self._none = np.zeros(0)
+        self._out = np.zeros(1024)  # the kernel's output for `estimate` / `estimate_fast`, reused
+        nx, ni = workspace_size(16, 64)  # scratch reused by every call (larger plans allocate their own)
+        self._ws = (np.zeros(nx), np.zeros(ni, dtype=np.int64))
 
     # ---- whole plans -------------------------------------------------------------------
 
     def flatten(self, plan: Plan) -> PlanArrays:
         """The plan as kernel arrays; raises `PlanError` with every problem if it is invalid."""
+        return self._flatten(plan, True)[0]
+
+    def _flatten(self, plan: Plan, with_keys: bool) -> tuple[PlanArrays, list[str]]:
+        """`flatten`, plus the device id of every stage; without memo keys (``keys=()``)
+        unless `with_keys`."""
         sched = SCHEDULE_CODES.get(plan.schedule)
         sync = SYNC_CODES.get(plan.sync.mode)
         period = plan.sync.period
-        ok = (sched is not None and sync is not None and _pos_int(period) and (period == 1 or sync == 2)
-              and len(plan.pipelines) > 0)
+        pipes = plan.pipelines
+        ok = (sched is not None and sync is not None and type(period) is int and period > 0
+              and (period == 1 or sync == 2) and len(pipes) > 0)
         index = self._index
         L = self.num_layers
         ptr = [0]
+        names: list[str] = []
         dev: list[int] = []
         lo: list[int] = []
         hi: list[int] = []
         mbs: list[int] = []
         nmb: list[int] = []
         keys = []
-        used: set[int] = set()
-        for p in plan.pipelines:
-            if not (_pos_int(p.micro_batch_size) and _pos_int(p.num_micro_batches) and p.stages):
-                ok = False
-                break
-            mbs.append(p.micro_batch_size)
-            nmb.append(p.num_micro_batches)
-            expected = 0
-            for st in p.stages:
-                ds = st.devices
-                i = index.get(ds[0]) if len(ds) == 1 else None
-                a, b = st.layers
-                if i is None or i in used or type(a) is not int or type(b) is not int or a != expected or b <= a:
+        if ok:
+            for p in pipes:
+                m = p.micro_batch_size
+                M = p.num_micro_batches
+                if not (type(m) is int and m > 0 and type(M) is int and M > 0 and p.stages):
                     ok = False
                     break
-                used.add(i)
-                dev.append(i)
-                lo.append(a)
-                hi.append(b)
-                expected = b
-            if not ok or expected != L:
-                ok = False
-                break
-            keys.append((sched, mbs[-1], nmb[-1], tuple(dev[ptr[-1]:]), tuple(lo[ptr[-1]:])))
-            ptr.append(len(dev))
+                first = len(dev)
+                expected = 0
+                for st in p.stages:
+                    ds = st.devices
+                    a, b = st.layers
+                    if (len(ds) != 1 or type(a) is not int or type(b) is not int or a != expected or b <= a
+                            or (i := index.get(d := ds[0])) is None):
+                        ok = False
+                        break
+                    names.append(d)
+                    dev.append(i)
+                    lo.append(a)
+                    hi.append(b)
+                    expected = b
+                if not ok or expected != L:
+                    ok = False
+                    break
+                mbs.append(m)
+                nmb.append(M)
+                if with_keys:
+                    keys.append((sched, m, M, tuple(dev[first:]), tuple(lo[first:])))
+                ptr.append(len(dev))
+            ok = ok and len(set(dev)) == len(dev)  # every device in one stage only
         if not ok:
             problems = plan.problems(self.cluster, self.workload)
             raise PlanError(problems or ["plan does not fit this cluster and workload"])
-        return PlanArrays(np.array(ptr, dtype=np.int64), np.array(dev, dtype=np.int64),
-                          np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64),
-                          np.array(mbs, dtype=np.int64), np.array(nmb, dtype=np.int64), sched, sync, period,
-                          tuple(keys))
+        return PlanArrays(_ints(ptr), _ints(dev), _ints(lo), _ints(hi), _ints(mbs), _ints(nmb), sched, sync, period,
+                          tuple(keys)), names
 
     def arrays(self, pipelines: Sequence[tuple[Sequence[int], Sequence[int], int, int]], schedule: str = "1f1b",
                sync: str = "allreduce", period: int = 1) -> PlanArrays:
@@ -234,43 +280,62 @@ class CostModel:
             hi.extend([*starts[1:], self.num_layers])
             keys.append((sched, m, M, tuple(devs), tuple(starts)))
             ptr.append(len(dev))
-        return PlanArrays(np.array(ptr, dtype=np.int64), np.array(dev, dtype=np.int64),
-                          np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64),
-                          np.array([p[2] for p in pipelines], dtype=np.int64),
-                          np.array([p[3] for p in pipelines], dtype=np.int64), sched, SYNC_CODES[sync], period,
-                          tuple(keys))
+        return PlanArrays(_ints(ptr), _ints(dev), _ints(lo), _ints(hi), _ints([p[2] for p in pipelines]),
+                          _ints([p[3] for p in pipelines]), sched, SYNC_CODES[sync], period, tuple(keys))
 
     def evaluate(self, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw kernel output for flattened arrays: (stage_out, pipe_out, scalars), see
-        `spantrain.env.kernel.evaluate_plan`. No validation: pass `flatten`'s output.
+        `spantrain.env.kernel.evaluate` (`SCALARS`, `STAGE_COLUMNS`). No validation: pass
+        `flatten`'s output.
 
         Pipelines simulated before (same key) are taken from the memo, if enabled."""
-        x = arrays
-        P = len(x.keys)
-        known = np.zeros(P, dtype=np.bool_)
-        known_stage = np.zeros((len(x.stage_dev), 3))
-        known_pipe = np.zeros((P, 3))
+        P, NS = len(arrays.pipe_ptr) - 1, len(arrays.stage_dev)
+        return split_out(self._run(arrays, np.empty(out_size(P, NS))), P, NS)
+
+    def _run(self, x: PlanArrays, out: np.ndarray | None = None) -> np.ndarray:
+        """Run the kernel into `out` (default: a buffer this model reuses) and return it;
+        memoize the pipelines it simulated."""
+        P = len(x.pipe_ptr) - 1
+        NS = len(x.stage_dev)
+        size = 7 + 6 * P + 12 * NS  # `spantrain.env.kernel.out_size`
+        if out is None:
+            out = self._out
+            if out.shape[0] < size:
+                out = self._out = np.zeros(2 * size)
         memo = self._memo
-        ptr = x.pipe_ptr.tolist()
+        at = self._unknown
+        records = self._none
+        hits = None
         if memo is not None:
-            for p, key in enumerate(x.keys):
-                hit = memo.get(key)
-                if hit is not None:
-                    known[p] = True
-                    known_stage[ptr[p]:ptr[p + 1]] = hit[0]
-                    known_pipe[p] = hit[1]
-        out = evaluate_plan(self.forward_prefix, self.input_grad_prefix, self.weight_grad_prefix,
-                            self.boundary_bytes, self.params_prefix, self.activation_prefix, self.activation_bytes,
-                            self.flops, self.bandwidth, self.latency, self.region, x.pipe_ptr, x.stage_dev,
-                            x.stage_a, x.stage_b, x.micro_batch_size, x.num_micro_batches, x.schedule, x.sync,
-                            x.period, self.calib, known, known_stage, known_pipe)
-        if memo is not None and not known.all():
+            keys = x.keys
+            if len(keys) != P:
+                raise ValueError("PlanArrays.keys must name every pipeline when the memo is on")
+            hits = [memo.get(key) for key in keys]
+            found = [h for h in hits if h is not None]
+            if found:
+                offsets = []
+                pos = 0
+                for h in hits:
+                    if h is None:
+                        offsets.append(-1)
+                    else:
+                        offsets.append(pos)
+                        pos += h.shape[0]
+                at = np.array(offsets, dtype=np.int64)
+                records = np.concatenate(found)
+        if at.shape[0] < P:
+            at = self._unknown = np.full(2 * P, -1, dtype=np.int64)
+        tables, layer, dev, links, region, calib = self._packed
+        _evaluate(tables, layer, dev, links, region, calib, x.pipe_ptr, x.stage_dev, x.stage_a, x.stage_b,
+                  x.micro_batch_size, x.num_micro_batches, x.schedule, x.sync, x.period, at, records, out, *self._ws)
+        if hits is not None and len(found) < P:
             if len(memo) > _MEMO_MAX:
                 memo.clear()
-            stage_out, pipe_out, _ = out
+            base = 7 + 3 * P + 9 * NS  # `spantrain.env.kernel.memo_record`
+            ptr = x.pipe_ptr.tolist()
             for p, key in enumerate(x.keys):
-                if not known[p]:
-                    memo[key] = (stage_out[ptr[p]:ptr[p + 1], _MEMO_COLUMNS], pipe_out[p].copy())
+                if hits[p] is None:
+                    memo[key] = out[base + 3 * p + 3 * ptr[p]:base + 3 * (p + 1) + 3 * ptr[p + 1]].copy()
         return out
 
     def clear_memo(self, keys: Sequence[tuple] | None = None) -> None:
@@ -285,32 +350,49 @@ class CostModel:
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict one iteration of `plan`; raises `PlanError` if the plan is invalid."""
-        arrays = self.flatten(plan)
-        return self._to_estimate(arrays, *self.evaluate(arrays))
+        arrays, names = self._flatten(plan, self._memo is not None)
+        return self._estimate_from(arrays, self._run(arrays), names)
 
     def estimate_arrays(self, arrays: PlanArrays) -> Estimate:
         """`estimate` for an already flattened (and therefore valid) plan."""
-        return self._to_estimate(arrays, *self.evaluate(arrays))
+        return self._estimate_from(arrays, self._run(arrays), None)
+
+    def estimate_fast(self, plan: Plan | PlanArrays) -> tuple[float, float, bool]:
+        """(iteration_s, samples_per_s, feasible) of `plan`, exactly as `estimate` gives
+        them, without building the `Estimate` (for searches that rank many candidates).
+        Takes a `Plan` (validated; raises `PlanError`) or `PlanArrays` (from `flatten` or
+        `arrays`, not validated again)."""
+        x = plan if type(plan) is PlanArrays else self._flatten(plan, self._memo is not None)[0]
+        it, _, _, _, _, sps, feasible = self._run(x)[:7].tolist()
+        return it, sps, feasible == 1.0
 
     def _to_estimate(self, x: PlanArrays, stage_out: np.ndarray, pipe_out: np.ndarray,
                      scalars: np.ndarray) -> Estimate:
-        ids = self._ids
-        cap = self._capacity
-        peak = {}
+        """The `Estimate` of `evaluate`'s output."""
+        out = np.concatenate([scalars, pipe_out.reshape(-1), stage_out.reshape(-1)])
+        return self._estimate_from(x, out, None)
+
+    def _estimate_from(self, x: PlanArrays, out: np.ndarray, names: list[str] | None) -> Estimate:
+        P = len(x.pipe_ptr) - 1
+        NS = len(x.stage_dev)
+        if names is None:
+            ids = self._ids
+            names = [ids[d] for d in x.stage_dev.tolist()]
+        head = out[:7 + 3 * P].tolist()
+        it, _, alone, exposed, opt, sps, feasible = head[:7]
+        mem = out[7 + 3 * P + 5:7 + 3 * P + 9 * NS:9].tolist()
+        peak = dict(zip(names, [v / 1e9 for v in mem]))
         reasons = []
-        for d, need in zip(x.stage_dev.tolist(), stage_out[:, 5].tolist()):
-            peak[ids[d]] = need / 1e9
-            if need > cap[d]:
-                reasons.append(f"{ids[d]} needs {need / 1e9:.1f} GB, has {cap[d] / 1e9:.1f} GB "
-                               f"(short {(need - cap[d]) / 1e9:.1f} GB)")
-        it, _, alone, exposed, opt = scalars.tolist()
-        batch = sum(key[1] * key[2] for key in x.keys)
-        feasible = not reasons
-        return Estimate(iteration_s=it, samples_per_s=batch / it if feasible and it > 0 else 0.0,
-                        feasible=feasible, reasons=tuple(reasons), peak_memory_gb=peak,
-                        bubble_fraction=tuple(pipe_out[:, 1].tolist()), pipeline_s=tuple(pipe_out[:, 0].tolist()),
-                        exposed_comm_s=exposed, sync_s=alone, optimizer_s=opt,
-                        pipeline_period_s=tuple(pipe_out[:, 2].tolist()))
+        if feasible != 1.0:
+            cap = self._capacity
+            for name, d, need in zip(names, x.stage_dev.tolist(), mem):
+                if need > cap[d]:
+                    reasons.append(f"{name} needs {need / 1e9:.1f} GB, has {cap[d] / 1e9:.1f} GB "
+                                   f"(short {(need - cap[d]) / 1e9:.1f} GB)")
+        return _new_estimate(iteration_s=it, samples_per_s=sps, feasible=not reasons, reasons=tuple(reasons),
+                             peak_memory_gb=peak, bubble_fraction=tuple(head[8::3]), pipeline_s=tuple(head[7::3]),
+                             exposed_comm_s=exposed, sync_s=alone, optimizer_s=opt,
+                             pipeline_period_s=tuple(head[9::3]))
 
     def stage_orders(self, plan: Plan) -> list[list[list[tuple[str, int]]]]:
         """Per pipeline, per stage: the op order this model assumes for `plan`."""
@@ -444,10 +526,8 @@ class CostModel:
                                       self.calib[1], self.region))
 
 
-_MEMO_COLUMNS = [3, 4, 7]
-"""Per-stage kernel outputs a memoized pipeline keeps: end, in-flight, start."""
 _MEMO_MAX = 200_000
-"""Pipelines remembered per model before the memo starts afresh (about 100 bytes each)."""
+"""Pipelines remembered per model before the memo starts afresh (a few hundred bytes each)."""
 
 # A few recent models, so that `estimate(cluster, workload, plan)` in a loop stays fast.
 _MODELS: OrderedDict[tuple[int, int, Calibration | None], CostModel] = OrderedDict()

@@ -54,7 +54,11 @@ Decisions happen exactly at the moments the stage could start an op, so the gree
 own timing equals the timing of simulating its order (`simulate_order`; tested).
 
 `stage_orders` is the public entry the runtime uses to execute the very same order the
-cost model timed. The compiled kernels here are reused by `spantrain.env.kernel`.
+cost model timed. The functions here are thin wrappers: the compiled simulations
+(`_simulate`, `_greedy`, `_best`, working in place in flat workspaces) live in
+`spantrain.env.kernel` with every other compiled function, because numba's cache checks
+only the file that defines a function and would otherwise run a stale callee after an
+edit here.
 """
 
 from __future__ import annotations
@@ -62,8 +66,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
 
+from spantrain.env.kernel import (
+    _B,
+    _BWF,
+    _CBL,
+    _CBO,
+    _CFL,
+    _CFO,
+    _F,
+    _FR,
+    _IR,
+    _LIMFB,
+    _LIMTOT,
+    _W,
+    _best,
+    _fill_fixed,
+    _greedy,
+    _offsets,
+    _period,
+    _simulate,
+    _workspace,
+)
 from spantrain.errors import PlanError
 
 __all__ = [
@@ -90,9 +114,6 @@ OP_F, OP_B, OP_W, OP_BW = 0, 1, 2, 3
 OP_NAMES = ("F", "B", "W", "BW")
 """Op names by code, as `stage_orders` returns them."""
 
-_INF = np.inf
-
-
 def memory_bounds(schedule: str, num_stages: int) -> list[tuple[int, int]]:
     """Per stage (max micro-batches between F and B, max between F and W) a zero-bubble
     schedule may hold (module docstring); for gpipe / 1f1b the bounds their orders imply."""
@@ -107,61 +128,53 @@ def memory_bounds(schedule: str, num_stages: int) -> list[tuple[int, int]]:
     return [(2**62, 2**62)] * S
 
 
-# ---- compiled kernels ------------------------------------------------------------------------
+# ---- thin wrappers over the workspace kernels (tests, `stage_orders`, `CostModel` blocks) ----
 
 
-@njit(cache=True)
-def fixed_order(code, S, M, split):
+def _f64(*xs):
+    return [np.ascontiguousarray(v, dtype=np.float64).reshape(-1) for v in xs]
+
+
+def _load(S: int, M: int, f, b, w, bw=None, cfo=None, cfl=None, cbo=None, cbl=None):
+    """Workspaces for one pipeline with its stage records filled."""
+    nx, ni = _workspace(S, M)
+    x = np.zeros(nx)
+    n = np.zeros(ni, np.int64)
+    rec = x[:S * _FR].reshape(S, _FR)
+    rec[:, _F], rec[:, _B], rec[:, _W] = f, b, w
+    if bw is not None:
+        rec[:, _BWF] = bw
+    for col, v in ((_CFO, cfo), (_CFL, cfl), (_CBO, cbo), (_CBL, cbl)):
+        if v is not None and S > 1:
+            rec[:S - 1, col] = v[:S - 1]
+    return x, n
+
+
+def _take(x, n, S, K, off):
+    t0, e0, kd0, mb0 = off[4:]
+    return (n[kd0:kd0 + S * K].reshape(S, K).copy(), n[mb0:mb0 + S * K].reshape(S, K).copy(),
+            x[t0:t0 + S * K].reshape(S, K).copy(), x[e0:e0 + S * K].reshape(S, K).copy())
+
+
+def _channels(x, S, off):
+    n = max(S - 1, 1)
+    chf = np.zeros(n)
+    chb = np.zeros(n)
+    chf[:S - 1] = x[off[2]:off[2] + S - 1]
+    chb[:S - 1] = x[off[3]:off[3] + S - 1]
+    return chf, chb
+
+
+def fixed_order(code: int, S: int, M: int, split: bool) -> tuple[np.ndarray, np.ndarray]:
     """The op order of gpipe (code 0) or 1f1b (code 1) as (kind, micro-batch) arrays of
     shape (S, K): K = 2M with fused backwards, 3M when `split` (B then W at once)."""
+    S, M = int(S), int(M)
     K = 3 * M if split else 2 * M
-    kind = np.empty((S, K), np.int64)
-    mb = np.empty((S, K), np.int64)
-    for s in range(S):
-        pos = 0
-        if code == 0:
-            warm = M
-        else:
-            warm = min(S - s - 1, M)
-        for k in range(warm):
-            kind[s, pos] = 0
-            mb[s, pos] = k
-            pos += 1
-        nxt_b = 0
-        for k in range(warm, M):
-            kind[s, pos] = 0
-            mb[s, pos] = k
-            pos += 1
-            pos = _put_backward(kind, mb, s, pos, nxt_b, split)
-            nxt_b += 1
-        while nxt_b < M:
-            pos = _put_backward(kind, mb, s, pos, nxt_b, split)
-            nxt_b += 1
-    return kind, mb
+    n = np.empty(2 * S * K, np.int64)
+    _fill_fixed(int(code), S, M, bool(split), n, 0, S * K)
+    return n[:S * K].reshape(S, K), n[S * K:].reshape(S, K)
 
 
-@njit(cache=True)
-def _put_backward(kind, mb, s, pos, k, split):
-    if split:
-        kind[s, pos] = 1
-        mb[s, pos] = k
-        kind[s, pos + 1] = 2
-        mb[s, pos + 1] = k
-        return pos + 2
-    kind[s, pos] = 3
-    mb[s, pos] = k
-    return pos + 1
-
-
-@njit(cache=True)
-def _send(ch, i, end, occ, lat):
-    """Queue a message on channel i after `end`; return its arrival time."""
-    st = end if end > ch[i] else ch[i]
-    ch[i] = st + occ
-    return st + occ + lat
-
-
-@njit(cache=True)
 def simulate_order(kind, mb, f, b, w, bw, cfo, cfl, cbo, cbl):
     """Start and end of every op of a given order (module docstring rules).
 
@@ -170,207 +183,39 @@ def simulate_order(kind, mb, f, b, w, bw, cfo, cfl, cbo, cbl):
     chf, chb): op times shaped like `kind`, and when each channel's last message stops
     occupying it (forward, backward); raises ValueError when the order deadlocks.
     """
+    kind = np.asarray(kind, dtype=np.int64)
+    mb = np.asarray(mb, dtype=np.int64)
     S, K = kind.shape
-    M = 0
-    for s in range(S):
-        for j in range(K):
-            if mb[s, j] + 1 > M:
-                M = mb[s, j] + 1
-    start = np.empty((S, K))
-    end = np.empty((S, K))
-    fa = np.full((S, M), _INF)
-    fa[0, :] = 0.0
-    ga = np.full((S, M), _INF)
-    chf = np.zeros(max(S - 1, 1))
-    chb = np.zeros(max(S - 1, 1))
-    pos = np.zeros(S, np.int64)
-    tfree = np.zeros(S)
-    remaining = S * K
-    sweep = 0
-    while remaining > 0:
-        progressed = False
-        for i in range(S):
-            # alternate sweep direction so activations and gradients both travel fast
-            s = i if sweep % 2 == 0 else S - 1 - i
-            while pos[s] < K:
-                j = pos[s]
-                op = kind[s, j]
-                k = mb[s, j]
-                if op == 0:
-                    dep = fa[s, k]
-                    dur = f[s]
-                elif op == 2:
-                    dep = 0.0
-                    dur = w[s]
-                else:
-                    dep = ga[s, k]
-                    dur = b[s] if op == 1 else bw[s]
-                if dep == _INF:
-                    break
-                st = tfree[s] if tfree[s] > dep else dep
-                en = st + dur
-                start[s, j] = st
-                end[s, j] = en
-                tfree[s] = en
-                pos[s] = j + 1
-                remaining -= 1
-                progressed = True
-                if op == 0:
-                    if s < S - 1:
-                        fa[s + 1, k] = _send(chf, s, en, cfo[s], cfl[s])
-                    else:
-                        ga[s, k] = en
-                elif op != 2 and s > 0:
-                    ga[s - 1, k] = _send(chb, s - 1, en, cbo[s - 1], cbl[s - 1])
-        sweep += 1
-        if not progressed:
-            raise ValueError("pipeline order deadlocks")
-    return start, end, chf, chb
+    M = int(mb.max()) + 1 if mb.size else 0
+    Mw = max(M, (K + 2) // 3)
+    x, n = _load(S, Mw, *_f64(f, b, w, bw, cfo, cfl, cbo, cbl))
+    off = _offsets(S, Mw, 0)
+    n[off[6]:off[6] + S * K] = kind.reshape(-1)
+    n[off[7]:off[7] + S * K] = mb.reshape(-1)
+    _simulate(S, K, M, x, n, *off)
+    _, _, start, end = _take(x, n, S, K, off)
+    return (start, end, *_channels(x, S, off))
 
 
-@njit(cache=True)
-def _wake_time(s, S, M, nF, nB, nW, tfree, fa, ga, lim_fb, lim_tot):
-    """When a waiting stage can next start an F or B: the earliest known arrival."""
-    t = _INF
-    if nB[s] < nF[s]:
-        t = ga[s, nB[s]]
-    if nF[s] < M and nF[s] - nB[s] < lim_fb[s] and nF[s] - nW[s] < lim_tot[s] and fa[s, nF[s]] < t:
-        t = fa[s, nF[s]]
-    if t < tfree[s]:
-        t = tfree[s]
-    return t
-
-
-@njit(cache=True)
 def zb_greedy(M, f, b, w, cfo, cfl, cbo, cbl, lim_fb, lim_tot):
     """The zero-bubble greedy order (module docstring) with its timing.
 
     Returns (kind, mb, start, end, chf, chb) as `simulate_order` does. Bounds must be
     >= 1 with lim_fb <= lim_tot.
     """
+    f, b, w, cfo, cfl, cbo, cbl = _f64(f, b, w, cfo, cfl, cbo, cbl)
     S = f.shape[0]
-    K = 3 * M
-    kind = np.empty((S, K), np.int64)
-    mb = np.empty((S, K), np.int64)
-    start = np.empty((S, K))
-    end = np.empty((S, K))
-    nF = np.zeros(S, np.int64)
-    nB = np.zeros(S, np.int64)
-    nW = np.zeros(S, np.int64)
-    pos = np.zeros(S, np.int64)
-    last_b = np.zeros(S, np.bool_)  # last F-or-B op was a B
-    waiting = np.ones(S, np.bool_)
-    tfree = np.zeros(S)
-    ev = np.full(S, _INF)
-    fa = np.full((S, M), _INF)
-    fa[0, :] = 0.0
-    ga = np.full((S, M), _INF)
-    chf = np.zeros(max(S - 1, 1))
-    chb = np.zeros(max(S - 1, 1))
-    ev[0] = 0.0
-    waiting[0] = False
-    remaining = S * K
-    while remaining > 0:
-        s = -1
-        t = _INF
-        for i in range(S):
-            if ev[i] < t:
-                t = ev[i]
-                s = i
-        if s < 0:
-            raise ValueError("zero-bubble scheduler deadlocked")
-        can_b = nB[s] < nF[s]
-        r_b = ga[s, nB[s]] if can_b else _INF
-        fb_ok = nF[s] < M and nF[s] - nB[s] < lim_fb[s]
-        tot_ok = nF[s] - nW[s] < lim_tot[s]
-        can_f = fb_ok and tot_ok
-        r_f = fa[s, nF[s]] if can_f else _INF
-        ready_b = r_b <= t
-        ready_f = r_f <= t
-        op = -1
-        if ready_b and ready_f:
-            op = 0 if last_b[s] else 1
-        elif ready_b:
-            op = 1
-        elif ready_f:
-            op = 0
-        elif nW[s] < nB[s]:
-            if fb_ok and not tot_ok:
-                op = 2  # recycle memory so the next F may run
-            else:
-                t_next = _INF
-                if can_b:
-                    if r_b < _INF:
-                        t_next = r_b
-                    else:  # s < S-1 here: the last stage's B input is its own F, always known
-                        t_next = max(tfree[s + 1], t) + b[s + 1] + cbo[s] + cbl[s]
-                if can_f:
-                    x = r_f
-                    if x == _INF:
-                        x = max(tfree[s - 1], t) + f[s - 1] + cfo[s - 1] + cfl[s - 1]
-                    if x < t_next:
-                        t_next = x
-                if t_next == _INF or t + w[s] <= t_next:
-                    op = 2
-        if op < 0:
-            waiting[s] = True
-            ev[s] = _wake_time(s, S, M, nF, nB, nW, tfree, fa, ga, lim_fb, lim_tot)
-            continue
-        j = pos[s]
-        if op == 0:
-            k = nF[s]
-            en = t + f[s]
-            nF[s] = k + 1
-            last_b[s] = False
-            if s < S - 1:
-                fa[s + 1, k] = _send(chf, s, en, cfo[s], cfl[s])
-                if waiting[s + 1]:
-                    ev[s + 1] = _wake_time(s + 1, S, M, nF, nB, nW, tfree, fa, ga, lim_fb, lim_tot)
-            else:
-                ga[s, k] = en
-        elif op == 1:
-            k = nB[s]
-            en = t + b[s]
-            nB[s] = k + 1
-            last_b[s] = True
-            if s > 0:
-                ga[s - 1, k] = _send(chb, s - 1, en, cbo[s - 1], cbl[s - 1])
-                if waiting[s - 1]:
-                    ev[s - 1] = _wake_time(s - 1, S, M, nF, nB, nW, tfree, fa, ga, lim_fb, lim_tot)
-        else:
-            k = nW[s]
-            en = t + w[s]
-            nW[s] = k + 1
-        kind[s, j] = op
-        mb[s, j] = k
-        start[s, j] = t
-        end[s, j] = en
-        pos[s] = j + 1
-        tfree[s] = en
-        waiting[s] = False
-        ev[s] = en if j + 1 < K else _INF
-        remaining -= 1
-    return kind, mb, start, end, chf, chb
+    M = int(M)
+    x, n = _load(S, M, f, b, w, None, cfo, cfl, cbo, cbl)
+    rec = n[:S * _IR].reshape(S, _IR)
+    rec[:, _LIMFB] = lim_fb
+    rec[:, _LIMTOT] = lim_tot
+    off = _offsets(S, M, 0)
+    _greedy(S, M, x, n, *off)
+    return (*_take(x, n, S, 3 * M, off), *_channels(x, S, off))
 
 
-@njit(cache=True)
-def _peak_total(kind):
-    """Largest number of micro-batches any stage holds between F and W (or BW)."""
-    best = 0
-    for s in range(kind.shape[0]):
-        c = 0
-        for j in range(kind.shape[1]):
-            if kind[s, j] == 0:
-                c += 1
-                if c > best:
-                    best = c
-            elif kind[s, j] >= 2:
-                c -= 1
-    return best
-
-
-@njit(cache=True)
-def period(kind, start, end, chf, chb):
+def period(kind, start, end, chf, chb) -> float:
     """Steady-state seconds per iteration of a pipeline that repeats this timing.
 
     When every stage and channel starts iteration i+1 exactly `period` after iteration i,
@@ -379,56 +224,23 @@ def period(kind, start, end, chf, chb):
     occupancy): the paper's "parallelogram". For gpipe, 1f1b and ZB-H1 the first stage
     starts first and ends last, so the period is the makespan; ZB-H2 gains here.
     """
+    kind = np.asarray(kind, dtype=np.int64)
     S, K = kind.shape
-    t = 0.0
-    for s in range(S):
-        span = end[s, K - 1] - start[s, 0]
-        if span > t:
-            t = span
-        if s < S - 1:
-            # first messages leave when micro-batch 0's F on s (forward) and its B or
-            # fused backward on s+1 (backward) end; channels start free
-            if chf[s] - end[s, 0] > t:  # every order opens with F of micro-batch 0
-                t = chf[s] - end[s, 0]
-            for j in range(K):
-                if kind[s + 1, j] == 1 or kind[s + 1, j] == 3:
-                    if chb[s] - end[s + 1, j] > t:
-                        t = chb[s] - end[s + 1, j]
-                    break
-    return t
+    x = np.concatenate([*_f64(start, end), np.zeros(2 * S)])
+    x[2 * S * K:2 * S * K + S - 1] = np.asarray(chf, dtype=np.float64).reshape(-1)[:S - 1]
+    x[2 * S * K + S:2 * S * K + 2 * S - 1] = np.asarray(chb, dtype=np.float64).reshape(-1)[:S - 1]
+    return _period(S, K, x, kind.reshape(-1).copy(), 2 * S * K, 2 * S * K + S, 0, S * K, 0)
 
 
-@njit(cache=True)
 def best_order(code, M, f, b, w, bw, cfo, cfl, cbo, cbl):
     """The order a schedule runs with these times (module docstring), with its timing:
     (kind, mb, start, end, period seconds)."""
+    f, b, w, bw, cfo, cfl, cbo, cbl = _f64(f, b, w, bw, cfo, cfl, cbo, cbl)
     S = f.shape[0]
-    if code <= 1:
-        kind, mb = fixed_order(code, S, M, False)
-        start, end, chf, chb = simulate_order(kind, mb, f, b, w, bw, cfo, cfl, cbo, cbl)
-        return kind, mb, start, end, period(kind, start, end, chf, chb)
-    kind, mb = fixed_order(1, S, M, True)
-    start, end, chf, chb = simulate_order(kind, mb, f, b, w, bw, cfo, cfl, cbo, cbl)
-    best_t = period(kind, start, end, chf, chb)
-    best_peak = _peak_total(kind)
-    for variant in range(2 if code == 3 else 1):
-        lim_fb = np.empty(S, np.int64)
-        lim_tot = np.empty(S, np.int64)
-        for s in range(S):
-            if code == 3 and variant == 0:
-                lim_fb[s] = 2 * (S - s) - 1
-                lim_tot[s] = 2 * S - 1
-            else:
-                lim_fb[s] = S - s
-                lim_tot[s] = S
-        k2, m2, s2, e2, f2, b2 = zb_greedy(M, f, b, w, cfo, cfl, cbo, cbl, lim_fb, lim_tot)
-        t2 = period(k2, s2, e2, f2, b2)
-        p2 = _peak_total(k2)
-        if t2 < best_t or (t2 == best_t and p2 < best_peak):
-            kind, mb, start, end = k2, m2, s2, e2
-            best_t = t2
-            best_peak = p2
-    return kind, mb, start, end, best_t
+    M = int(M)
+    x, n = _load(S, M, f, b, w, bw, cfo, cfl, cbo, cbl)
+    c, K, per = _best(int(code), S, M, x, n, S, M)
+    return (*_take(x, n, S, K, _offsets(S, M, c)), per)
 
 
 # ---- public API ------------------------------------------------------------------------------

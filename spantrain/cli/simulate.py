@@ -14,6 +14,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", "-p", required=True, metavar="FILE", help="plan JSON file")
     add_json_arg(p)
     p.add_argument("--timeline", metavar="PNG", help="also draw a Gantt chart of the iteration to this file")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="cost-model constants (YAML/JSON), e.g. examples/calibration/emulated-cpu.yaml for "
+                        "spantrain's runtime on the local emulated cluster (default: the built-in assumptions)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +45,12 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     plan = Plan.from_file(args.plan)
-    model = CostModel(cluster, workload, memo=False)
+    calibration = None
+    if args.calibration:
+        from spantrain.env.calibration import Calibration
+
+        calibration = Calibration.from_file(args.calibration)
+    model = CostModel(cluster, workload, calibration, memo=False)
     arrays = model.flatten(plan)  # raises PlanError naming every problem
     stage_out, pipe_out, scalars = model.evaluate(arrays)
     est = model._to_estimate(arrays, stage_out, pipe_out, scalars)
