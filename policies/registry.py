@@ -14,7 +14,14 @@ from spantrain.planner import Planner
 
 __all__ = ["PLANNERS", "available_planners", "get_planner"]
 
-PLANNERS: dict[str, str] = {}
+PLANNERS: dict[str, str] = {
+    "heuristic": "spantrain.policies.heuristic:HeuristicPlanner",
+    "ddp": "spantrain.policies.baselines:DDPPlanner",
+    "gpipe": "spantrain.policies.baselines:GPipePlanner",
+    "megatron": "spantrain.policies.baselines:MegatronPlanner",
+    "ga": "spantrain.policies.genetic:GeneticPlanner",
+    "exhaustive": "spantrain.policies.exhaustive:ExhaustivePlanner",
+}
 """Planner name -> ``module:factory``; the factory takes keyword options and returns a `Planner`."""
 
 

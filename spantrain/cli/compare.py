@@ -1,12 +1,86 @@
-"""`spantrain compare`: not implemented yet (issue #4)."""
+"""`spantrain compare`: every planner side by side on one cluster and model.
+
+Columns: samples/s, iteration seconds, speed-up over `ddp`, feasible, planning wall
+time. ``--json`` prints ``{"planners": {NAME: {"samples_per_s", "iteration_s",
+"feasible", "plan_s", "plan": {...}, "speedup_vs_ddp", "reason"?}}, "cluster", "model",
+"devices"}``; a planner that fails or finds nothing feasible has ``feasible: false`` and
+its reason. Default planners: every registered one, without exhaustive search above 8
+devices. Options (``--budget-s``, ``--allow-local-sgd``) go to the planners that take them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli.plan import add_planner_option_args, planner_options
+
+__all__ = ["register", "run"]
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("compare", 4))
+    add_cluster_arg(p)
+    add_model_args(p)
+    p.add_argument("--planners", metavar="A,B,...",
+                   help="planners to run, comma-separated (default: all; exhaustive only up to 8 devices)")
+    add_planner_option_args(p)
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spantrain.errors import PlannerError
+    from spantrain.policies.compare import default_planners, run_planner
+    from spantrain.policies.registry import available_planners
+
+    cluster = load_cluster(args.cluster)
+    workload = load_model(args)
+    if args.planners:
+        names = [n.strip() for n in args.planners.split(",") if n.strip()]
+        unknown = [n for n in names if n not in available_planners()]
+        if unknown or not names:
+            raise PlannerError(f"unknown planner(s) {', '.join(unknown) or '(none given)'} "
+                               f"(available: {', '.join(available_planners())})")
+    else:
+        names = default_planners(cluster)
+    results = {}
+    for name in names:
+        results[name] = run_planner(name, cluster, workload, **planner_options(name, args, strict=False))
+    ddp = results.get("ddp")
+    base = ddp.samples_per_s if ddp is not None and ddp.feasible else None
+    rows = {}
+    for name, r in results.items():
+        row = r.to_dict()
+        row["speedup_vs_ddp"] = r.samples_per_s / base if base and r.feasible else None
+        rows[name] = row
+    if args.json:
+        print_json({"planners": rows, "cluster": cluster.name, "model": workload.name, "devices": len(cluster)})
+        return 0
+    _print_human(cluster, workload, rows)
+    return 0
+
+
+def _print_human(cluster, workload, rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    t = Table(title=f"{workload.name} on {cluster.name} ({len(cluster)} devices), global batch {workload.global_batch}",
+              title_justify="left")
+    for col in ("planner", "samples/s", "iteration s", "vs ddp", "feasible", "plan s"):
+        t.add_column(col, justify="left" if col == "planner" else "right")
+    best = max((r["samples_per_s"] for r in rows.values()), default=0.0)
+    for name, r in rows.items():
+        sps = f"{r['samples_per_s']:.4g}" if r["feasible"] else "-"
+        if r["feasible"] and r["samples_per_s"] == best:
+            sps = f"[bold green]{sps}[/]"
+        it = f"{r['iteration_s']:.4g}" if r["iteration_s"] is not None and r["feasible"] else "-"
+        sp = f"{r['speedup_vs_ddp']:.2f}x" if r["speedup_vs_ddp"] is not None else "-"
+        t.add_row(name, sps, it, sp, "yes" if r["feasible"] else "[red]no[/]", f"{r['plan_s']:.2f}")
+    con.print(t)
+    for name, r in rows.items():
+        if not r["feasible"]:
+            parts = r.get("reason", "").split("; ")
+            more = f"; ... ({len(parts) - 3} more)" if len(parts) > 3 else ""
+            con.print(f"[red]{name}[/]: " + "; ".join(parts[:3]) + more)

@@ -1,12 +1,136 @@
-"""`spantrain plan`: not implemented yet (issue #4)."""
+"""`spantrain plan`: plan a workload on a cluster with a named planner.
+
+Prints the plan readably (pipelines, stages, layers, devices, micro-batches, predicted
+throughput and iteration time, memory per device) or, with ``--json``, one object:
+``{"plan": {...}, "estimate": {...}, "iteration_s", "samples_per_s", "feasible",
+"peak_memory_gb", "planner", "plan_s"}``. A baseline whose arrangement does not fit
+memory still prints its plan, marked infeasible (as `simulate` does); a planner that
+finds nothing feasible is an error (exit 2).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from typing import Any
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+
+__all__ = ["register", "run", "planner_options", "add_planner_option_args", "DEFAULT_PLANNER"]
+
+DEFAULT_PLANNER = "heuristic"
+"""Planner used without --planner."""
+
+
+def add_planner_option_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-s", type=float, metavar="S", help="search time budget in seconds (ga)")
+    p.add_argument("--allow-local-sgd", action="store_true",
+                   help="let search planners pick local-SGD sync (changes training semantics)")
+
+
+def planner_options(name: str, args: argparse.Namespace, *, strict: bool) -> dict[str, Any]:
+    """Keyword options for planner `name` from the command line. With `strict`, an option
+    the planner does not take is an error; otherwise it is left out for that planner."""
+    from spantrain.errors import PlannerError
+    from spantrain.policies.registry import get_planner
+
+    wanted: dict[str, Any] = {}
+    if args.budget_s is not None:
+        if not args.budget_s > 0:
+            raise PlannerError(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
+        wanted["budget_s"] = args.budget_s
+    if args.allow_local_sgd:
+        wanted["allow_local_sgd"] = True
+    out: dict[str, Any] = {}
+    for key, value in wanted.items():
+        try:
+            get_planner(name, **{key: value})
+        except PlannerError:
+            if strict:
+                flag = "--" + key.replace("_", "-")
+                raise PlannerError(f"{flag} is not an option of planner {name!r}") from None
+            continue
+        out[key] = value
+    return out
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("plan", 4))
+    add_cluster_arg(p)
+    add_model_args(p)
+    p.add_argument("--planner", default=DEFAULT_PLANNER, metavar="NAME",
+                   help=f"planner name ({DEFAULT_PLANNER} by default; see `spantrain compare`)")
+    add_planner_option_args(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON here")
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spantrain.env.costmodel import CostModel
+    from spantrain.policies.registry import get_planner
+
+    cluster = load_cluster(args.cluster)
+    workload = load_model(args)
+    planner = get_planner(args.planner, **planner_options(args.planner, args, strict=True))
+    t0 = time.perf_counter()
+    plan = planner.plan(cluster, workload)
+    plan_s = time.perf_counter() - t0
+    model = CostModel(cluster, workload, memo=False)
+    est = model.estimate(plan)
+    if args.output:
+        plan.save(args.output)
+    if not est.feasible:
+        print(f"spantrain plan: warning: the {args.planner} plan does not fit: " + "; ".join(est.reasons),
+              file=sys.stderr)
+    if args.json:
+        print_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "iteration_s": est.iteration_s,
+                    "samples_per_s": est.samples_per_s, "feasible": est.feasible,
+                    "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s})
+        return 0
+    _print_human(cluster, workload, plan, est, model, args.planner, plan_s, args.output)
+    return 0
+
+
+def _print_human(cluster, workload, plan, est, model, planner, plan_s, output) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # piped output keeps whole rows (rich would wrap at 80 columns)
+    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({len(cluster)} devices, "
+              f"{len(plan.devices)} used), found in {plan_s:.2f} s")
+    t = Table(title_justify="left", title=f"{len(plan.pipelines)} pipeline(s), {len(plan.devices)} stage(s)")
+    for col in ("pipeline", "micro-batches", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
+                "memory GB"):
+        t.add_column(col, justify="left" if col in ("device", "region", "layers") else "right")
+    for p, pipe in enumerate(plan.pipelines):
+        for s, st in enumerate(pipe.stages):
+            d = cluster.device(st.device)
+            need = est.peak_memory_gb.get(st.device, 0.0)
+            mem = f"{need:.1f} / {d.memory_gb:g}"
+            first = s == 0
+            t.add_row(str(p) if first else "",
+                      f"{pipe.num_micro_batches} x {pipe.micro_batch_size}" if first else "",
+                      f"{est.pipeline_period_s[p]:.4g}" if first else "",
+                      str(s), st.device, d.region, f"{d.tflops:g}",
+                      f"[{st.layers[0]}, {st.layers[1]}) ({st.num_layers})",
+                      f"[bold red]{mem}[/]" if need > d.memory_gb else mem,
+                      end_section=s == len(pipe.stages) - 1 and len(pipe.stages) > 1)
+    con.print(t)
+    idle = [d for d in cluster.ids if d not in set(plan.devices)]
+    if idle:
+        shown = ", ".join(idle[:12]) + (f", ... ({len(idle)} in all)" if len(idle) > 12 else "")
+        con.print(f"idle       {shown}")
+    con.print(f"schedule   {plan.schedule}, sync {plan.sync.mode}"
+              + (f" every {plan.sync.period} iterations" if plan.sync.mode == "local-sgd" else ""))
+    note = "" if plan.batch == workload.global_batch else f" (workload's global batch is {workload.global_batch})"
+    con.print(f"batch      {plan.batch} samples{note}")
+    con.print(f"iteration  {est.iteration_s:.4g} s (slowest pipeline {max(est.pipeline_period_s):.4g} s, "
+              f"exposed sync {est.exposed_comm_s:.4g} s, optimizer {est.optimizer_s:.4g} s)")
+    if est.feasible:
+        con.print(f"throughput {est.samples_per_s:.4g} samples/s")
+    else:
+        con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+    if output:
+        con.print(f"written    {output}")

@@ -1,0 +1,57 @@
+"""Memory floors and the error a planner raises when a model fits nowhere."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spantrain.env.costmodel import CostModel
+from spantrain.errors import PlannerError
+
+__all__ = ["memory_floor", "no_fit_error"]
+
+
+def memory_floor(model: CostModel, num_stages: int) -> float:
+    """Least possible peak bytes of the fullest stage when the model is cut into
+    `num_stages` stages at micro-batch 1 under 1F1B (its in-flight counts), by a min-max
+    DP over layer ranges: no plan with that many stages needs less on every device."""
+    L = model.num_layers
+    S = max(1, min(num_stages, L))
+    V = np.full((S + 1, L + 1), np.inf)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        held = CostModel.in_flight("1f1b", s - 1, S, 1 << 30)
+        for b in range(s, L - (S - s) + 1):
+            best = np.inf
+            for a in range(s - 1, b):
+                if V[s - 1, a] == np.inf:
+                    continue
+                v = max(V[s - 1, a], model.stage_memory(a, b, 1, held))
+                best = min(best, v)
+            V[s, b] = best
+    return float(V[S, L])
+
+
+def no_fit_error(model: CostModel, planner: str) -> PlannerError:
+    """A `PlannerError` saying that the model fits in no arrangement of this cluster, with
+    the numbers and the fix."""
+    cluster, workload = model.cluster, model.workload
+    n = len(cluster)
+    need = memory_floor(model, n)
+    whole = memory_floor(model, 1)
+    cap = model.capacity_bytes
+    largest = cluster.devices[int(np.argmax(cap))]
+    if need > largest.memory_bytes:
+        return PlannerError(
+            f"{planner}: model {workload.name!r} fits nowhere on cluster {cluster.name!r}: even cut over all {n} "
+            f"device(s) at micro-batch 1 some stage needs {need / 1e9:.1f} GB (the whole model on one device needs "
+            f"{whole / 1e9:.1f} GB), but the largest device, {largest.id}, has {largest.memory_gb:g} GB; "
+            "add devices or devices with more memory, or use a smaller model or shorter sequence")
+    # a cut exists whose fullest stage fits the largest device, but the smaller ones cannot
+    # take their share: say how much memory there is against what the model needs
+    total = float(cap.sum())
+    return PlannerError(
+        f"{planner}: found no arrangement of cluster {cluster.name!r} that fits model {workload.name!r}: cut "
+        f"over all {n} device(s) at micro-batch 1 the fullest stage needs at least {need / 1e9:.1f} GB and the "
+        f"largest device, {largest.id}, has {largest.memory_gb:g} GB, but the devices together hold "
+        f"{total / 1e9:.0f} GB for a model whose whole training state needs {whole / 1e9:.1f} GB on one device; "
+        "add devices or devices with more memory, or use a smaller model or shorter sequence")

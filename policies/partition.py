@@ -1,0 +1,324 @@
+"""Layer partition of one pipeline by dynamic programming over heterogeneous devices.
+
+Given the ordered devices of a pipeline (one per stage), the micro-batch size m, the
+micro-batch count M and the schedule, choose the contiguous layer range of every stage.
+The time model the DP optimizes is the usual one for synchronous pipelines:
+
+    T ~ (M - 1) x bottleneck + fill,
+
+where the bottleneck is the largest per-micro-batch time of any stage (its F + B + W
+seconds) or any link between neighbours (the seconds a micro-batch's activation, or its
+gradient, occupies the link), and the fill is the sum over stages and links of one
+micro-batch's times (plus link latencies). Every stage must fit its device's memory
+(`CostModel.stage_memory` with the schedule's in-flight micro-batches per position).
+
+Passes of O(S x L^2) over prefix sums (compiled with numba):
+
+1. min-max: the smallest achievable bottleneck T*;
+2. the partition of least fill among those whose every stage and link is <= T, for T =
+   T*, no limit, and `SLACKS` x T* in between; the one with the least (M-1) x its actual
+   bottleneck + its fill wins. With many micro-batches that is the min-max partition
+   with the shortest fill; with few, the fill may be worth a larger bottleneck. The
+   thresholds in between are skipped once even (M-1) x T* + the unlimited least fill
+   cannot beat the best so far.
+
+The cost model judges the result; the DP only needs to rank partitions well.
+`min_bottleneck_per_sample` is the memory-free relaxation used as a lower bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from spantrain.env.calibration import C_MSG, C_RESERVED, C_STATE
+from spantrain.env.costmodel import CostModel
+
+__all__ = ["Partitioner", "SLACKS"]
+
+SLACKS = np.array([1.03, 1.1, 1.25, 1.5, 2.0])
+"""Bottleneck limits tried between the min-max one and none, as multiples of it."""
+
+_INF = np.inf
+
+
+@njit(cache=True)
+def _stage_ok(d, a, b, m, infl, pp, pa, bb, amax, cap, state, reserved, L):
+    in_b = bb[a - 1] if a > 0 else 0.0
+    out_b = bb[b - 1] if b < L else 0.0
+    mem = ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
+           + m * amax[a, b] + reserved)
+    return mem <= cap[d]
+
+
+@njit(cache=True)
+def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m, M, n_ops, check_memory):
+    """Stage start layers (length S) of the best partition, or an empty array if none fits.
+
+    tfb: per-device per-sample prefix of F + B + W seconds, (devices, L + 1); op_dev: each
+    device's fixed seconds per compute op, paid `n_ops` times per micro-batch."""
+    S = devs.shape[0]
+    L = bb.shape[0]
+    empty = np.empty(0, np.int64)
+    if S > L:
+        return empty
+    msg = calib[C_MSG]
+    state = calib[C_STATE]
+    reserved = calib[C_RESERVED]
+    # cost[s, a, b]: per-micro-batch seconds of stage s holding [a, b) (inf: does not fit);
+    # the first stage starts at 0, the last ends at L, every stage holds at least one layer
+    cost = np.full((S, L + 1, L + 1), _INF)
+    for s in range(S):
+        d = devs[s]
+        a_hi = 0 if s == 0 else L - (S - s)
+        for a in range(s, a_hi + 1):
+            b_lo = L if s == S - 1 else a + 1
+            for b in range(b_lo, L - (S - s - 1) + 1):
+                if check_memory and not _stage_ok(d, a, b, m, infl[s], pp, pa, bb, amax, cap, state, reserved, L):
+                    continue
+                cost[s, a, b] = m * (tfb[d, b] - tfb[d, a]) + op_dev[d] * n_ops
+    # link[s, a]: occupancy of the link into stage s (s >= 1) when it starts at layer a
+    link = np.zeros((S, L + 1))
+    link_fill = np.zeros((S, L + 1))
+    for s in range(1, S):
+        d0 = devs[s - 1]
+        d1 = devs[s]
+        slow = min(bw[d0, d1], bw[d1, d0])
+        for a in range(1, L):
+            occ = m * bb[a - 1] / slow + msg
+            link[s, a] = occ
+            link_fill[s, a] = 2.0 * occ + lat[d0, d1] + lat[d1, d0]
+    # pass 1: min-max
+    V = np.full((S + 1, L + 1), _INF)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        for b in range(L if s == S else s, L - (S - s) + 1):
+            best = _INF
+            for a in range(s - 1, b):
+                if V[s - 1, a] == _INF:
+                    continue
+                c = cost[s - 1, a, b]
+                if c == _INF:
+                    continue
+                v = V[s - 1, a]
+                if c > v:
+                    v = c
+                if s > 1 and link[s - 1, a] > v:
+                    v = link[s - 1, a]
+                if v < best:
+                    best = v
+            V[s, b] = best
+    t_star = V[S, L]
+    if t_star == _INF:
+        return empty
+    # pass 2: least fill under the min-max bottleneck, without a limit, and under a few
+    # thresholds between; none can beat (M - 1) x T* + the unlimited least fill
+    U = np.empty((S + 1, L + 1))
+    arg = np.empty((S + 1, L + 1), np.int64)
+    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), cost, link, link_fill, S, L, U, arg)
+    best_obj = (M - 1) * bott + fill
+    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg)
+    obj = (M - 1) * bott + fill_min
+    if obj < best_obj * (1.0 - 1e-12):
+        best_obj = obj
+        best_starts = starts
+    for q in range(SLACKS.shape[0]):
+        if (M - 1) * t_star + fill_min >= best_obj * (1.0 - 1e-9):
+            break
+        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg)
+        obj = (M - 1) * bott + fill
+        if obj < best_obj * (1.0 - 1e-12):
+            best_obj = obj
+            best_starts = starts
+    return best_starts
+
+
+@njit(cache=True)
+def _least_fill(T, cost, link, link_fill, S, L, U, arg):
+    """Partition of least fill whose stages and links all take <= T per micro-batch:
+    (starts, fill, actual bottleneck); fill inf when there is none."""
+    U[:, :] = _INF
+    U[0, 0] = 0.0
+    for s in range(1, S + 1):
+        for b in range(L if s == S else s, L - (S - s) + 1):
+            best = _INF
+            ba = -1
+            for a in range(s - 1, b):
+                if U[s - 1, a] == _INF:
+                    continue
+                c = cost[s - 1, a, b]
+                if c > T:
+                    continue
+                u = U[s - 1, a] + c
+                if s > 1:
+                    if link[s - 1, a] > T:
+                        continue
+                    u += link_fill[s - 1, a]
+                if u < best:
+                    best = u
+                    ba = a
+            U[s, b] = best
+            arg[s, b] = ba
+    starts = np.empty(S, np.int64)
+    if U[S, L] == _INF:
+        return starts, _INF, _INF
+    b = L
+    bott = 0.0
+    for s in range(S, 0, -1):
+        a = arg[s, b]
+        starts[s - 1] = a
+        if cost[s - 1, a, b] > bott:
+            bott = cost[s - 1, a, b]
+        if s > 1 and link[s - 1, a] > bott:
+            bott = link[s - 1, a]
+        b = a
+    return starts, U[S, L], bott
+
+
+@njit(cache=True)
+def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
+    """Min over partitions of the max over stages of (stage memory / device memory):
+    <= 1 exactly when some partition fits."""
+    S = devs.shape[0]
+    L = bb.shape[0]
+    if S > L:
+        return _INF
+    state = calib[C_STATE]
+    reserved = calib[C_RESERVED]
+    V = np.full((S + 1, L + 1), _INF)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        d = devs[s - 1]
+        for b in range(s, L - (S - s) + 1):
+            best = _INF
+            for a in range(s - 1, b):
+                v = V[s - 1, a]
+                if v == _INF:
+                    continue
+                in_b = bb[a - 1] if a > 0 else 0.0
+                out_b = bb[b - 1] if b < L else 0.0
+                mem = ((pp[b] - pp[a]) * state + infl[s - 1] * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
+                       + m * amax[a, b] + reserved)
+                r = mem / cap[d]
+                if r > v:
+                    v = r
+                if v < best:
+                    best = v
+            V[s, b] = best
+    return V[S, L]
+
+
+@njit(cache=True)
+def _min_bottleneck(devs, tfb, bb, bw, msg_free):
+    """Min over partitions of the max per-sample stage or link seconds (no memory limit)."""
+    S = devs.shape[0]
+    L = bb.shape[0]
+    if S > L:
+        return _INF
+    V = np.full((S + 1, L + 1), _INF)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        d = devs[s - 1]
+        for b in range(s, L - (S - s) + 1):
+            best = _INF
+            for a in range(s - 1, b):
+                v = V[s - 1, a]
+                if v == _INF:
+                    continue
+                c = tfb[d, b] - tfb[d, a]
+                if c > v:
+                    v = c
+                if s > 1:
+                    d0 = devs[s - 2]
+                    occ = bb[a - 1] / min(bw[d0, d], bw[d, d0])
+                    if occ > v:
+                        v = occ
+                if v < best:
+                    best = v
+            V[s, b] = best
+    return V[S, L]
+
+
+class Partitioner:
+    """Layer partitions for one cost model; results are memoized per request.
+
+    `classes` (optional, one label per device, `spantrain.policies.grouping.device_classes`)
+    lets pipelines whose devices are interchangeable position by position share one
+    result: relabelling interchangeable devices changes nothing the DP reads."""
+
+    def __init__(self, model: CostModel, classes: list[int] | None = None):
+        self.model = model
+        L = model.num_layers
+        self.num_layers = L
+        self._tfb = np.ascontiguousarray(model.forward_prefix + model.input_grad_prefix + model.weight_grad_prefix)
+        act = model.activation_bytes
+        amax = np.zeros((L + 1, L + 1))
+        for a in range(L):
+            amax[a, a + 1:] = np.maximum.accumulate(act[a:])
+        self._amax = amax
+        self._bb = np.ascontiguousarray(model.boundary_bytes)
+        # fixed seconds per op as the cost model charges them (an empty layer range)
+        self._op = np.array([model.compute_time(d, 0, 0, 1)[0] for d in range(len(model.cluster))])
+        self._classes = list(classes) if classes is not None else None
+        self._cache: dict[tuple, tuple[int, ...] | None] = {}
+        self._lb_cache: dict[tuple[int, ...], float] = {}
+        self._infl: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def _word(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        c = self._classes
+        return devices if c is None else tuple(c[d] for d in devices)
+
+    def in_flight(self, schedule: str, S: int, M: int) -> np.ndarray:
+        """Micro-batches each stage position keeps for backward (memoized)."""
+        key = (schedule, S, M)
+        hit = self._infl.get(key)
+        if hit is None:
+            hit = np.array([CostModel.in_flight(schedule, s, S, M) for s in range(S)], dtype=np.float64)
+            self._infl[key] = hit
+        return hit
+
+    def split(self, devices: tuple[int, ...], m: int, M: int, schedule: str,
+              check_memory: bool = True) -> tuple[int, ...] | None:
+        """First layer of each stage for `devices` in pipeline order, or None when no
+        partition fits in memory (or there are more devices than layers)."""
+        key = (self._word(devices), m, M, schedule, check_memory)
+        hit = self._cache.get(key, False)
+        if hit is not False:
+            return hit
+        S = len(devices)
+        infl = self.in_flight(schedule, S, M)
+        n_ops = 2.0 if schedule in ("gpipe", "1f1b") else 3.0
+        mdl = self.model
+        starts = _partition(np.array(devices, dtype=np.int64), self._tfb, self._op, self._bb, mdl.bandwidth,
+                            mdl.latency, mdl.params_prefix, mdl.activation_prefix, self._amax, mdl.capacity_bytes,
+                            mdl.calib, infl, float(m), int(M), n_ops, check_memory)
+        out = tuple(starts.tolist()) if len(starts) else None
+        if len(self._cache) > 500_000:
+            self._cache.clear()
+        self._cache[key] = out
+        return out
+
+    def min_bottleneck_per_sample(self, devices: tuple[int, ...]) -> float:
+        """Lower bound on per-sample seconds of the pipeline's slowest stage or link, over
+        all partitions (memory ignored): a pipeline processing b samples needs at least
+        b times this (every op of a stage, every message on a link, runs one at a time)."""
+        key = self._word(devices)
+        hit = self._lb_cache.get(key)
+        if hit is None:
+            mdl = self.model
+            hit = float(_min_bottleneck(np.array(devices, dtype=np.int64), self._tfb, self._bb, mdl.bandwidth,
+                                        True))
+            self._lb_cache[key] = hit
+        return hit
+
+    def memory_ratio(self, devices: tuple[int, ...], m: int, M: int, schedule: str) -> float:
+        """Least achievable max over stages of memory needed / memory available (> 1: no
+        partition fits; how far off says how much more memory the pipeline needs)."""
+        infl = self.in_flight(schedule, len(devices), M)
+        mdl = self.model
+        return float(_memory_ratio(np.array(devices, dtype=np.int64), self._bb, mdl.params_prefix,
+                                   mdl.activation_prefix, self._amax, mdl.capacity_bytes, mdl.calib, infl, float(m)))
+
+    def fits_alone(self, device: int, m: int = 1) -> bool:
+        """Whether the whole model fits on one device at micro-batch m (one in flight)."""
+        return self.split((device,), m, 1, "1f1b") is not None

@@ -1,0 +1,74 @@
+"""experiments/bench_planners.py: the summary arithmetic, and a --quick smoke run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spantrain.experiments import bench_planners as bench
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(profile, sps, feasible=None):
+    feasible = feasible or {}
+    return {"profile": profile, "devices": 8, "seed": 0, "model": "m", "ga_budget_s": 1.0,
+            "planners": {n: {"samples_per_s": v, "feasible": feasible.get(n, v > 0), "iteration_s": 1.0,
+                             "plan_s": 0.1, "cpu_s": 0.1, "reason": ""} for n, v in sps.items()}}
+
+
+def test_summary_arithmetic():
+    suite = [
+        _row("cee", {"heuristic": 40.0, "ga": 20.0, "ddp": 1.0, "gpipe": 10.0, "megatron": 0.0}),
+        _row("cee", {"heuristic": 90.0, "ga": 90.0, "ddp": 30.0, "gpipe": 0.0, "megatron": 0.0}),
+        _row("geo", {"heuristic": 9.7, "ga": 9.0, "ddp": 10.0, "gpipe": 1.0, "megatron": 2.0}),
+        _row("datacenter", {"heuristic": 5.0, "ga": 5.0, "ddp": 0.0, "gpipe": 0.0, "megatron": 0.0}),
+    ]
+    small = [{"profile": "cee", "devices": 6, "seed": 0, "model": "m",
+              "planners": {"heuristic": {"samples_per_s": 97.0, "feasible": True, "plan_s": 0.1},
+                           "exhaustive": {"samples_per_s": 100.0, "feasible": True, "plan_s": 2.0}}},
+             {"profile": "geo", "devices": 6, "seed": 0, "model": "m",
+              "planners": {"heuristic": {"samples_per_s": 50.0, "feasible": True, "plan_s": 0.1},
+                           "exhaustive": {"samples_per_s": 50.0, "feasible": True, "plan_s": 1.0}}}]
+    scaling = [{"profile": "cee", "devices": 64, "model": "m", "plan_s": 1.5, "cpu_s": 1.2},
+               {"profile": "geo", "devices": 64, "model": "m", "plan_s": 0.5, "cpu_s": 0.4}]
+    s = bench.summarize({"suite": suite, "small": small, "scaling": scaling})
+    assert s["speedup_vs_best_baseline"]["heuristic"]["cee"] == pytest.approx((4.0 * 3.0) ** 0.5)
+    assert s["speedup_vs_best_baseline"]["heuristic"]["geo"] == pytest.approx(0.97)
+    assert s["speedup_vs_best_baseline"]["heuristic"]["datacenter"] is None  # no feasible baseline
+    assert s["cases_without_feasible_baseline"] == 1
+    assert s["heuristic_worst_vs_best_baseline"] == pytest.approx(0.97)
+    assert s["heuristic_below_baseline_by_2pct"] == 1
+    assert s["best_count"] == {"heuristic": 3, "ga": 2, "ddp": 1, "gpipe": 0, "megatron": 0}
+    assert s["heuristic_at_least_ga"] == 4
+    assert s["small_within_3pct"] == 1  # 100/97 - 1 = 3.09 % misses; the tie counts
+    assert s["small_max_gap"] == pytest.approx(100 / 97 - 1)
+    assert s["scaling"]["64"] == {"max_wall_s": 1.5, "max_cpu_s": 1.2, "cases": 2}
+    assert s["scaling"]["8"]["cases"] == 4  # the suite's cases count too
+    table = bench.markdown(s, bench.full_spec())
+    assert "| heuristic | 3.46x | 0.97x | - |" in table
+
+
+@pytest.mark.slow
+def test_quick_run_writes_results_and_logs(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_planners.py"), "--quick", "--json",
+                           "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    obj = json.loads(proc.stdout)
+    s = obj["summary"]
+    assert s["cases"] == 3 and s["small_cases"] == 3 and set(s["scaling"]) == {"8", "16"}
+    assert s["small_exhaustive_beaten"] == 0
+    assert s["heuristic_feasible"] == 3
+    assert "planner bench" in proc.stderr  # the progress bar
+    for name in ("bench_planners.md", "bench_planners.json", "planners_speedup.png", "planners_exhaustive_gap.png",
+                 "planners_scaling.png"):
+        assert (out / name).stat().st_size > 500, name
+    assert "| heuristic |" in (out / "bench_planners.md").read_text()
+    assert obj["wandb"] and any(tmp_path.rglob("*.wandb"))

@@ -1,0 +1,128 @@
+"""`spantrain plan` and `spantrain compare`: JSON shapes, files, human output, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from spantrain.cluster import Cluster
+from spantrain.plan import Plan
+from spantrain.workload import Workload
+
+
+@pytest.fixture
+def cluster_file(tmp_path, demo_spec):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(demo_spec))
+    return path
+
+
+def _one_line_error(code, out, err, needle):
+    assert code == 2, (code, out, err)
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0], lines[0]
+
+
+def test_plan_json_shape_and_output_file(run_cli, cluster_file, tmp_path):
+    out_file = tmp_path / "plan.json"
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-medium", "--json", "-o", out_file)
+    assert code == 0, err
+    assert out.count("\n") == 1
+    obj = json.loads(out)
+    for key in ("plan", "estimate", "iteration_s", "samples_per_s", "feasible", "peak_memory_gb", "planner"):
+        assert key in obj
+    assert obj["feasible"] is True and obj["planner"] == "heuristic"
+    assert obj["samples_per_s"] == pytest.approx(64 / obj["iteration_s"])
+    cluster = Cluster.from_file(cluster_file)
+    plan = Plan.from_file(out_file).validate(cluster, Workload.from_preset("gpt2-medium"))
+    assert plan.to_dict()["pipelines"] == obj["plan"]["pipelines"]
+    assert set(obj["peak_memory_gb"]) == set(plan.devices)
+
+
+def test_plan_human_output(run_cli, cluster_file):
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-medium", "--planner", "megatron",
+                             "--global-batch", "32")
+    assert code == 0, err
+    assert "megatron plan" in out and "throughput" in out and "pipeline(s)" in out and "32 samples" in out
+
+
+def test_plan_ga_budget(run_cli, cluster_file):
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-small", "--planner", "ga",
+                             "--budget-s", "0.3", "--json")
+    assert code == 0, err
+    assert json.loads(out)["feasible"] is True
+
+
+def test_plan_infeasible_baseline_is_printed_and_flagged(run_cli, cluster_file):
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-xl", "--planner", "ddp", "--json")
+    assert code == 0
+    obj = json.loads(out)
+    assert obj["feasible"] is False and obj["estimate"]["reasons"]
+    assert "does not fit" in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--planner", "magic"], "unknown planner 'magic'"),
+    (["--planner", "heuristic", "--budget-s", "2"], "--budget-s is not an option of planner 'heuristic'"),
+    (["--planner", "ga", "--budget-s", "-1"], "--budget-s must be a positive number"),
+    (["--model", "llama2-7b", "--global-batch", "8"], "fits nowhere"),
+    (["--global-batch", "0"], "--global-batch must be a positive integer"),
+])
+def test_plan_bad_input_exits_2_with_one_line(run_cli, tmp_path, args, needle):
+    spec = {"name": "tiny", "devices": [{"id": "gpu", "count": 2, "region": "r", "tflops": 12, "memory_gb": 12}],
+            "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    argv = ["plan", "--cluster", path]
+    if "--model" not in args:
+        argv += ["--model", "gpt2-small"]
+    code, out, err = run_cli(*argv, *args)
+    _one_line_error(code, out, err, needle)
+
+
+def test_plan_missing_cluster_file_exits_2(run_cli, tmp_path):
+    code, out, err = run_cli("plan", "--cluster", tmp_path / "nope.yaml", "--model", "gpt2-small")
+    assert code == 2 and out == "" and "Traceback" not in err
+
+
+def test_compare_json_shape(run_cli, cluster_file):
+    code, out, err = run_cli("compare", "--cluster", cluster_file, "--model", "gpt2-medium",
+                             "--planners", "ddp,gpipe,heuristic,exhaustive", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert list(obj["planners"]) == ["ddp", "gpipe", "heuristic", "exhaustive"]
+    for name, row in obj["planners"].items():
+        for key in ("samples_per_s", "iteration_s", "feasible", "plan_s", "plan", "speedup_vs_ddp"):
+            assert key in row, (name, key)
+    rows = obj["planners"]
+    # gpipe puts the whole pipeline through the 12 GB end device: out of memory, with the reason
+    assert rows["gpipe"]["feasible"] is False and "end-0" in rows["gpipe"]["reason"]
+    assert rows["ddp"]["speedup_vs_ddp"] == pytest.approx(1.0)
+    assert rows["heuristic"]["samples_per_s"] > 10 * rows["ddp"]["samples_per_s"]
+    assert rows["exhaustive"]["samples_per_s"] >= rows["heuristic"]["samples_per_s"] * (1 - 1e-9)
+
+
+def test_compare_default_list_and_human_table(run_cli, tmp_path):
+    from spantrain.profiler.topology import generate
+
+    path = tmp_path / "c.yaml"
+    generate(10, 0, "datacenter").save(path)
+    code, out, err = run_cli("compare", "--cluster", path, "--model", "gpt2-small", "--budget-s", "0.3")
+    assert code == 0, err
+    for name in ("heuristic", "ddp", "gpipe", "megatron", "ga"):
+        assert name in out
+    assert "exhaustive" not in out  # above 8 devices it is left out by default
+    code, out, err = run_cli("compare", "--cluster", path, "--model", "gpt2-small", "--planners", "exhaustive",
+                             "--json")
+    assert code == 0, err
+    row = json.loads(out)["planners"]["exhaustive"]
+    assert row["feasible"] is False and "at most 8" in row["reason"] and row["plan"] is None
+
+
+def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
+    code, out, err = run_cli("compare", "--cluster", cluster_file, "--model", "gpt2-small", "--planners", "ddp,x")
+    _one_line_error(code, out, err, "unknown planner(s) x")

@@ -1,0 +1,156 @@
+"""The planners' building blocks: grouping, layer partition, batch shares, layout
+enumeration and the exhaustive search's lower bound."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import region_cluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spantrain.env.costmodel import CostModel
+from spantrain.plan import SCHEDULES
+from spantrain.policies.baselines import equal_split
+from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Evaluator, Knobs, round_shares
+from spantrain.policies.exhaustive import LayoutBound, enumerate_layouts
+from spantrain.policies.feasibility import memory_floor
+from spantrain.policies.grouping import device_classes, network_groups
+from spantrain.policies.partition import Partitioner
+from spantrain.profiler.topology import generate
+from spantrain.workload import Workload
+
+
+def test_network_groups_follow_the_links():
+    cluster = region_cluster({"a": (3, 140, 40, 100), "b": (2, 35, 24, 10), "c": (1, 12, 12, 1)}, 0.1)
+    groups = network_groups(cluster)
+    assert sorted(map(sorted, groups)) == [[0, 1, 2], [3, 4], [5]]
+
+
+def test_network_groups_keep_servers_apart_in_a_big_datacenter():
+    cluster = generate(256, 0, "datacenter")
+    groups = network_groups(cluster)
+    assert len(groups) == len(cluster.regions)
+    for g in groups:
+        assert len({cluster.devices[i].region for i in g}) == 1
+
+
+def test_device_classes_group_interchangeable_devices():
+    cluster = region_cluster({"a": (3, 140, 40, 100), "b": (2, 140, 40, 100)}, 0.1)
+    labels = device_classes(cluster)
+    assert labels[:3] == [labels[0]] * 3 and labels[3] == labels[4] and labels[0] != labels[3]
+
+
+def test_partition_respects_memory_and_beats_an_equal_split():
+    cluster = generate(16, 0, "cee")
+    workload = Workload.from_preset("gpt2-xl")
+    model = CostModel(cluster, workload)
+    part = Partitioner(model)
+    devs = (0, 1, 5, 6)  # two A100s, then two T4s
+    for schedule in SCHEDULES:
+        starts = part.split(devs, 1, 16, schedule)
+        assert starts is not None and starts[0] == 0 and list(starts) == sorted(set(starts))
+        ends = [*starts[1:], workload.num_layers]
+        for s, (d, a, b) in enumerate(zip(devs, starts, ends)):
+            held = CostModel.in_flight(schedule, s, len(devs), 16)
+            assert model.stage_memory(a, b, 1, held) <= model.memory_capacity(d)
+        dp = model.estimate_arrays(model.arrays([(list(devs), list(starts), 1, 16)], schedule=schedule))
+        eq = model.estimate_arrays(model.arrays([(list(devs), list(equal_split(workload.num_layers, 4)), 1, 16)],
+                                                schedule=schedule))
+        assert dp.feasible
+        assert not eq.feasible or dp.iteration_s <= eq.iteration_s
+
+
+def test_partition_says_none_when_nothing_fits():
+    cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0)
+    model = CostModel(cluster, Workload.from_preset("llama2-7b"))
+    part = Partitioner(model)
+    assert part.split((0, 1), 1, 4, "1f1b") is None
+    assert part.memory_ratio((0, 1), 1, 4, "1f1b") > 1
+    assert memory_floor(model, 2) > 12e9
+
+
+def test_min_bottleneck_is_a_lower_bound_on_the_simulated_time():
+    cluster = generate(12, 3, "cee")
+    workload = Workload.from_preset("gpt2-medium")
+    model = CostModel(cluster, workload)
+    part = Partitioner(model)
+    for devs in [(0,), (0, 1), (0, 5, 6), (4, 3, 2, 1)]:
+        starts = part.split(devs, 1, 32, "zb-h1")
+        est = model.estimate_arrays(model.arrays([(list(devs), list(starts), 1, 32)], schedule="zb-h1"))
+        assert 32 * part.min_bottleneck_per_sample(devs) <= est.pipeline_period_s[0] * (1 + 1e-9)
+
+
+@given(st.lists(st.floats(0.01, 100), min_size=1, max_size=12), st.integers(12, 300))
+def test_round_shares_sum_exactly(weights, total):
+    out = round_shares(np.array(weights), total)
+    assert sum(out) == total and min(out) >= 1
+    ideal = np.array(weights) / sum(weights) * total
+    assert np.all(np.abs(np.array(out) - np.maximum(ideal, 1)) < len(weights) + 1)
+
+
+def test_balance_gives_faster_pipelines_more_samples():
+    cluster = region_cluster({"fast": (1, 400, 80, 100), "slow": (1, 50, 80, 100)}, 100)
+    ev = Evaluator(cluster, Workload.from_preset("gpt2-medium"))
+    cand = ev.balance(((0,), (1,)), Knobs(sync="allreduce"))
+    assert sum(cand.shares) == 64 and cand.shares[0] > 4 * cand.shares[1]
+    assert cand.time < ev.evaluate(((0,), (1,)), (32, 32), Knobs(sync="allreduce")).time
+
+
+def test_water_fill_minimizes_the_slowest_pipeline():
+    cluster = region_cluster({"fast": (1, 400, 80, 100), "slow": (2, 50, 80, 100)}, 100)
+    ev = Evaluator(cluster, Workload.from_preset("gpt2-small", global_batch=24))
+    layout = ((0,), (1,), (2,))
+    knobs = Knobs()
+    shares, worst = ev.water_fill(layout, knobs)
+    assert sum(shares) == 24
+    # no single move of a sample makes the slowest pipeline faster
+    for src in range(3):
+        for dst in range(3):
+            if src != dst and shares[src] > 1:
+                moved = list(shares)
+                moved[src] -= 1
+                moved[dst] += 1
+                assert max(ev.pipeline_time(p, b, knobs) for p, b in zip(layout, moved)) >= worst - 1e-12
+
+
+@pytest.mark.parametrize("counts, expected", [([3], 6), ([1, 1, 1], 25), ([2, 1], 14)])
+def test_layout_enumeration_counts(counts, expected):
+    # [3]: partitions of 1..3 identical devices; [1, 1, 1]: sum_k C(3, k) x (sets of lists of k);
+    # [2, 1] (a a b): 8 single words (a b aa ab ba aab aba baa), 5 pairs ({a,a} {a,b} {a,ab} {a,ba}
+    # {aa,b}) and {a,a,b}
+    layouts = list(enumerate_layouts(counts, 64))
+    assert len(layouts) == expected
+    assert len(set(layouts)) == expected
+
+
+def _random_layout(rng, n):
+    devs = list(rng.permutation(n)[: int(rng.integers(1, n + 1))])
+    cuts = sorted(set(int(x) for x in rng.integers(1, len(devs) + 1, size=int(rng.integers(0, 3)))))
+    out, start = [], 0
+    for c in [*cuts, len(devs)]:
+        if c > start:
+            out.append(tuple(int(d) for d in devs[start:c]))
+            start = c
+    return tuple(out)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["cee", "geo", "datacenter"]))
+def test_exhaustive_bound_is_below_every_knob_and_share(seed, profile):
+    rng = np.random.default_rng(seed)
+    cluster = generate(6, seed % 5, profile)
+    ev = Evaluator(cluster, Workload.from_preset("gpt2-medium"))
+    bound = LayoutBound(ev)
+    layout = _random_layout(rng, 6)
+    lb = bound(layout)
+    for m in MICRO_BATCH_SIZES[:2]:
+        for schedule in SCHEDULES:
+            for sync in ("allreduce", "hierarchical"):
+                c = ev.balance(layout, Knobs(micro_batch_size=m, schedule=schedule, sync=sync))
+                if c.feasible:
+                    assert lb <= c.time * (1 + 1e-9), (layout, m, schedule, sync)
+                elif not math.isfinite(lb):
+                    assert c.built is None or not c.estimate.feasible

@@ -1,0 +1,151 @@
+"""Every planner on small clusters: valid feasible plans, the heuristic against ddp, the
+optimum of exhaustive search, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import region_cluster
+
+from spantrain.env.costmodel import CostModel
+from spantrain.errors import PlannerError
+from spantrain.policies.compare import run_planner
+from spantrain.policies.registry import available_planners, get_planner
+from spantrain.profiler.topology import generate
+from spantrain.workload import Workload
+
+FAST_OPTIONS = {"ga": {"budget_s": 0.3}}
+
+
+def _check_plan(cluster, workload, plan):
+    plan.validate(cluster, workload)
+    assert plan.batch == workload.global_batch
+    assert plan.predicted is not None and plan.predicted["iteration_s"] > 0
+    est = CostModel(cluster, workload).estimate(plan)
+    assert est.feasible, est.reasons
+    assert plan.predicted["iteration_s"] == pytest.approx(est.iteration_s)
+    return est
+
+
+def test_registry_lists_every_planner():
+    assert set(available_planners()) >= {"heuristic", "ddp", "gpipe", "megatron", "ga", "exhaustive"}
+
+
+@pytest.mark.parametrize("name", ["heuristic", "ddp", "gpipe", "megatron", "ga", "exhaustive"])
+def test_each_planner_gives_a_valid_feasible_plan(name):
+    cluster = generate(6, 0, "geo")
+    workload = Workload.from_preset("gpt2-medium")
+    plan = get_planner(name, **FAST_OPTIONS.get(name, {})).plan(cluster, workload)
+    _check_plan(cluster, workload, plan)
+
+
+def test_heuristic_beats_ddp_across_a_slow_link(slow_link_cluster):
+    workload = Workload.from_preset("gpt2-medium")
+    h = run_planner("heuristic", slow_link_cluster, workload)
+    d = run_planner("ddp", slow_link_cluster, workload)
+    assert h.feasible and d.feasible
+    assert h.samples_per_s > 10 * d.samples_per_s
+    # the gradients stay off the 100 Mbit/s link: every pipeline's replicas share a region
+    regions = {slow_link_cluster.device(dev).region for dev in h.plan.devices}
+    layers_per_region = {}
+    for p in h.plan.pipelines:
+        for st in p.stages:
+            layers_per_region.setdefault(st.layers, set()).add(slow_link_cluster.device(st.device).region)
+    assert len(regions) == 1 or all(len(r) == 1 for r in layers_per_region.values())
+
+
+def test_heuristic_ties_ddp_on_a_uniform_fast_cluster(uniform_cluster):
+    # a small model and a big batch: gradients hide behind backward, pipelines only add bubbles
+    workload = Workload.from_preset("gpt2-small", global_batch=256)
+    h = run_planner("heuristic", uniform_cluster, workload)
+    d = run_planner("ddp", uniform_cluster, workload)
+    assert h.samples_per_s == pytest.approx(d.samples_per_s, rel=0.02)
+
+
+def test_heuristic_never_far_below_baselines_on_a_uniform_cluster(uniform_cluster):
+    workload = Workload.from_preset("gpt2-medium")
+    h = run_planner("heuristic", uniform_cluster, workload)
+    for name in ("ddp", "gpipe", "megatron"):
+        assert h.samples_per_s >= 0.98 * run_planner(name, uniform_cluster, workload).samples_per_s
+
+
+@pytest.mark.parametrize("profile, n, seed, model", [
+    ("cee", 6, 1, "gpt2-medium"),
+    ("geo", 6, 1, "gpt2-xl"),
+    ("datacenter", 6, 0, "gpt2-medium"),
+])
+def test_exhaustive_is_never_beaten(profile, n, seed, model):
+    cluster = generate(n, seed, profile)
+    workload = Workload.from_preset(model)
+    best = run_planner("exhaustive", cluster, workload)
+    assert best.feasible
+    _check_plan(cluster, workload, best.plan)
+    for name in ("heuristic", "ddp", "gpipe", "megatron", "ga"):
+        other = run_planner(name, cluster, workload, **FAST_OPTIONS.get(name, {}))
+        assert other.samples_per_s <= best.samples_per_s * (1 + 1e-9), name
+
+
+def test_exhaustive_refuses_large_clusters():
+    with pytest.raises(PlannerError, match="at most 8"):
+        get_planner("exhaustive").plan(generate(9, 0, "datacenter"), Workload.from_preset("gpt2-small"))
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["heuristic", "exhaustive", "ga"])
+def test_model_that_fits_nowhere_is_a_clear_error(name):
+    cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
+    with pytest.raises(PlannerError) as err:
+        get_planner(name, **FAST_OPTIONS.get(name, {})).plan(cluster, Workload.from_preset("llama2-7b"))
+    msg = str(err.value)
+    assert "llama2-7b" in msg and "largest device" in msg and "12 GB" in msg and "add devices" in msg
+
+
+@pytest.mark.parametrize("name", ["ddp", "gpipe", "megatron"])
+def test_baselines_return_their_plan_marked_infeasible(name):
+    cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
+    r = run_planner(name, cluster, Workload.from_preset("llama2-7b"))
+    assert r.plan is not None and not r.feasible and "needs" in r.reason
+
+
+@pytest.mark.parametrize("name", ["heuristic", "ddp", "gpipe", "megatron", "ga", "exhaustive"])
+def test_single_device_gives_a_one_stage_plan(name):
+    cluster = region_cluster({"solo": (1, 150, 80, 100)}, 1.0, name="solo")
+    workload = Workload.from_preset("gpt2-medium")
+    plan = get_planner(name, **FAST_OPTIONS.get(name, {})).plan(cluster, workload)
+    _check_plan(cluster, workload, plan)
+    assert len(plan.pipelines) == 1 and len(plan.pipelines[0].stages) == 1
+
+
+def test_disconnected_region_is_left_out():
+    cluster = region_cluster({"main": (4, 140, 40, 100), "island": (2, 400, 80, 100)}, 1e-6,
+                             cross_latency_ms=500, name="island")
+    workload = Workload.from_preset("gpt2-medium")
+    for name in ("heuristic", "exhaustive"):
+        plan = get_planner(name).plan(cluster, workload)
+        regions = {cluster.device(d).region for d in plan.devices}
+        assert len(regions) == 1, (name, plan.devices)
+
+
+def test_local_sgd_only_when_allowed():
+    # two pairs of A100s 1 Gbit/s apart: averaging every few steps beats syncing every step
+    cluster = region_cluster({"west": (2, 140, 40, 100), "east": (2, 140, 40, 100)}, 1.0, name="wan")
+    workload = Workload.from_preset("gpt2-medium")
+    for name in ("heuristic", "exhaustive"):
+        strict = run_planner(name, cluster, workload)
+        loose = run_planner(name, cluster, workload, allow_local_sgd=True)
+        assert strict.plan.sync.mode != "local-sgd"
+        assert loose.plan.sync.mode == "local-sgd" and loose.samples_per_s >= strict.samples_per_s
+
+
+@pytest.mark.parametrize("name, options, field", [
+    ("heuristic", {"tune_top": 0}, "tune_top"),
+    ("heuristic", {"allow_local_sgd": "yes"}, "allow_local_sgd"),
+    ("ga", {"budget_s": -1}, "budget_s"),
+    ("ga", {"population": 2}, "population"),
+    ("exhaustive", {"max_devices": 9}, "max_devices"),
+    ("heuristic", {"bogus": 1}, "bogus"),
+])
+def test_bad_options_name_the_field(name, options, field):
+    with pytest.raises(PlannerError, match=field):
+        get_planner(name, **options)
