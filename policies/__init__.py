@@ -5,8 +5,8 @@
 - `spantrain.policies.baselines`: ddp, gpipe and megatron as users configure them;
 - `spantrain.policies.genetic`: ga, a DT-FM-style genetic search;
 - `spantrain.policies.exhaustive`: the optimum under the cost model for up to 8 devices;
-- `spantrain.policies.evaluator`: layouts, knobs and batch shares scored with the cost model;
-- `spantrain.policies.partition`: layer partition of a pipeline by dynamic programming;
+- `spantrain.env.evaluator`: layouts, knobs and batch shares scored with the cost model;
+- `spantrain.env.partition`: layer partition of a pipeline by dynamic programming;
 - `spantrain.policies.grouping`: network groups, compute units, interchangeable devices;
 - `spantrain.policies.feasibility`: memory floors and the "fits nowhere" error;
 - `spantrain.policies.compare`: planners side by side (`spantrain compare`, benchmarks).

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spantrain.cluster import Cluster
+from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, round_shares
 from spantrain.errors import PlannerError
 from spantrain.plan import Plan
-from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, round_shares
 from spantrain.workload import Workload
 
 __all__ = ["BaselineConfig", "DDPPlanner", "GPipePlanner", "MegatronPlanner", "equal_split"]

@@ -9,7 +9,7 @@ Search space, exactly:
   measured layer times and links to every other device; `device_classes`) are
   enumerated once, since the cost model cannot tell them apart.
 - **Layer partition** of each pipeline: the dynamic programme of
-  `spantrain.policies.partition` for the pipeline's devices, micro-batching and schedule.
+  `spantrain.env.partition` for the pipeline's devices, micro-batching and schedule.
 - **Knobs**: micro-batch size in `MICRO_BATCH_SIZES` (1, 2, 4, 8; a pipeline uses the
   largest divisor of its share up to it), every schedule (gpipe, 1f1b, zb-h1, zb-h2),
   sync allreduce and hierarchical (plus local SGD with periods 2, 4, 8 when
@@ -57,9 +57,9 @@ import numpy as np
 from numba import njit
 
 from spantrain.cluster import Cluster
+from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import device_classes
 from spantrain.workload import Workload

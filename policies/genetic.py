@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.workload import Workload
 

@@ -28,9 +28,12 @@ import numpy as np
 from numba import njit
 
 from spantrain.cluster import Cluster
+from spantrain.env.symmetry import device_classes
 from spantrain.profiler.grouping import compute_groups
 
 __all__ = ["NET_RATIO", "network_groups", "compute_units", "device_classes", "group_bandwidth"]
+
+# `device_classes` lives with the plan-space code in env/ (the evaluator needs it); re-exported here.
 
 NET_RATIO = 1.5
 """Bandwidths within this factor count as the same network (measurement noise is 5-15 %)."""
@@ -105,38 +108,3 @@ def group_bandwidth(cluster: Cluster, groups: list[list[int]]) -> np.ndarray:
                 block = np.where(np.eye(len(groups[a]), dtype=bool), np.inf, block)
             out[a, b] = min(block.min(), bw[np.ix_(groups[b], groups[a])].min() if a != b else block.min())
     return out
-
-
-def device_classes(cluster: Cluster) -> list[int]:
-    """A class label per device: equal labels mean interchangeable devices (same TFLOP/s,
-    memory, region (hierarchical sync reads it), measured layer times, and the same
-    links to every other device, in both directions, with equal links between the two).
-    Swaps of interchangeable devices compose, so any relabelling within classes leaves
-    every cost-model figure unchanged."""
-    n = len(cluster)
-    bw = np.asarray(cluster.bandwidth)
-    lat = np.asarray(cluster.latency)
-    labels = [-1] * n
-    reps: dict[tuple, list[tuple[int, int]]] = {}  # attributes -> [(representative, label)]
-    count = 0
-    for i, d in enumerate(cluster.devices):
-        key = (d.tflops, d.memory_gb, d.region, tuple(sorted((k, v.batch, v.forward_s, v.backward_s)
-                                                             for k, v in d.layer_times.items())))
-        bucket = reps.setdefault(key, [])
-        for r, label in bucket:
-            if _swappable(bw, i, r) and _swappable(lat, i, r):
-                labels[i] = label
-                break
-        else:
-            labels[i] = count
-            bucket.append((i, count))
-            count += 1
-    return labels
-
-
-def _swappable(a: np.ndarray, i: int, j: int) -> bool:
-    """Whether swapping devices i and j leaves matrix `a` unchanged."""
-    others = np.ones(len(a), dtype=bool)
-    others[[i, j]] = False
-    return bool(np.array_equal(a[i, others], a[j, others]) and np.array_equal(a[others, i], a[others, j])
-                and a[i, j] == a[j, i])

@@ -14,7 +14,7 @@
    gradient traffic (which grows with the parameters) on the slow links, the second
    the activations (which grow with micro-batches). A plan with several chains mixes
    both. Every pipeline gets its own layer partition by dynamic programming over its
-   devices' speeds, links and memory (`spantrain.policies.partition`), and the batch
+   devices' speeds, links and memory (`spantrain.env.partition`), and the batch
    is shared out unevenly in proportion to speed and rebalanced with the cost model
    (`Evaluator.balance`).
 3. **Search** structures with the cost model under probe knobs (1F1B, micro-batch 1,
@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, Layout, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, Layout, sync_choices
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import compute_units, network_groups
 from spantrain.workload import Workload

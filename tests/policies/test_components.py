@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spantrain.env.costmodel import CostModel
+from spantrain.env.evaluator import MICRO_BATCH_SIZES, Evaluator, Knobs, round_shares
+from spantrain.env.partition import Partitioner
 from spantrain.plan import SCHEDULES
 from spantrain.policies.baselines import equal_split
-from spantrain.policies.evaluator import MICRO_BATCH_SIZES, Evaluator, Knobs, round_shares
 from spantrain.policies.exhaustive import LayoutBound, enumerate_layouts
 from spantrain.policies.feasibility import memory_floor
 from spantrain.policies.grouping import device_classes, network_groups
-from spantrain.policies.partition import Partitioner
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 

@@ -3,7 +3,7 @@
 A *layout* is the structural part of a plan: a tuple of pipelines, each a tuple of
 device indices in stage order. *Knobs* are the rest: micro-batch size, schedule, sync
 mode. `Evaluator.evaluate` turns (layout, batch shares, knobs) into a full candidate
-(layer partition per pipeline by `spantrain.policies.partition`, micro-batching per
+(layer partition per pipeline by `spantrain.env.partition`, micro-batching per
 pipeline) and scores it with `CostModel.estimate_arrays`; `Evaluator.balance` also
 chooses the batch shares:
 
@@ -29,10 +29,10 @@ import numpy as np
 
 from spantrain.cluster import Cluster
 from spantrain.env.costmodel import CostModel
+from spantrain.env.partition import Partitioner
+from spantrain.env.symmetry import device_classes
 from spantrain.estimate import Estimate
 from spantrain.plan import Pipeline, Plan, Stage, Sync
-from spantrain.policies.grouping import device_classes
-from spantrain.policies.partition import Partitioner
 from spantrain.workload import Workload
 
 __all__ = ["MICRO_BATCH_SIZES", "LOCAL_SGD_PERIODS", "Knobs", "Candidate", "Evaluator", "Layout", "sync_choices",

@@ -242,7 +242,7 @@ def _min_bottleneck(devs, tfb, bb, bw, msg_free):
 class Partitioner:
     """Layer partitions for one cost model; results are memoized per request.
 
-    `classes` (optional, one label per device, `spantrain.policies.grouping.device_classes`)
+    `classes` (optional, one label per device, `spantrain.env.symmetry.device_classes`)
     lets pipelines whose devices are interchangeable position by position share one
     result: relabelling interchangeable devices changes nothing the DP reads."""
 
