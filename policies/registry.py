@@ -21,6 +21,8 @@ PLANNERS: dict[str, str] = {
     "megatron": "spantrain.policies.baselines:MegatronPlanner",
     "ga": "spantrain.policies.genetic:GeneticPlanner",
     "exhaustive": "spantrain.policies.exhaustive:ExhaustivePlanner",
+    "ppo": "spantrain.policies.ppo:PPOPlanner",
+    "auto": "spantrain.policies.ppo:AutoPlanner",
 }
 """Planner name -> ``module:factory``; the factory takes keyword options and returns a `Planner`."""
 

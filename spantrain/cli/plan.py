@@ -27,6 +27,7 @@ def add_planner_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, metavar="S", help="search time budget in seconds (ga)")
     p.add_argument("--allow-local-sgd", action="store_true",
                    help="let search planners pick local-SGD sync (changes training semantics)")
+    p.add_argument("--policy", metavar="FILE", help="policy file for ppo/auto (default: the shipped policy)")
 
 
 def planner_options(name: str, args: argparse.Namespace, *, strict: bool) -> dict[str, Any]:
@@ -42,6 +43,8 @@ def planner_options(name: str, args: argparse.Namespace, *, strict: bool) -> dic
         wanted["budget_s"] = args.budget_s
     if args.allow_local_sgd:
         wanted["allow_local_sgd"] = True
+    if getattr(args, "policy", None):
+        wanted["policy"] = args.policy
     out: dict[str, Any] = {}
     for key, value in wanted.items():
         try:

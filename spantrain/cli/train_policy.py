@@ -1,12 +1,44 @@
-"""`spantrain train-policy`: not implemented yet (issue #5)."""
+"""`spantrain train-policy`: train the PPO scheduling policy in the environment (W&B tracked)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from spantrain.cli._common import not_yet
+from spantrain.cli._common import add_json_arg, print_json
 
 
 def register(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    p.set_defaults(func=not_yet("train-policy", 5))
+    from spantrain.cli._dataclass_args import add_dataclass_args
+    from spantrain.policies.train_config import TrainConfig
+
+    add_dataclass_args(p, TrainConfig, skip={"extra"})
+    p.add_argument("--ship", action="store_true",
+                   help="also copy the final policy into the package (what `ppo`/`auto` load by default)")
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from spantrain.cli._dataclass_args import dataclass_from_args
+    from spantrain.policies.ppo import SHIPPED_POLICY
+    from spantrain.policies.train_config import TrainConfig
+    from spantrain.policies.training import train
+
+    config = dataclass_from_args(TrainConfig, args)
+    summary = train(config)
+    if args.ship:
+        SHIPPED_POLICY.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(summary["policy"], SHIPPED_POLICY)
+        summary["shipped"] = str(SHIPPED_POLICY)
+    if args.json:
+        print_json(summary)
+        return 0
+    final = summary["final"]
+    print(f"trained in {summary['train_s'] / 60:.1f} min (heuristic starts {summary['starts_s']:.0f} s); "
+          f"policy {summary['policy']}", file=sys.stderr)
+    print(f"held-out: median ratio to heuristic {final['median_ratio']:.4f}, geomean {final['geomean_ratio']:.4f}, "
+          f">= 1% better on {final['better_1pct']:.0%} of {final['cases']} cases")
+    return 0

@@ -1,0 +1,304 @@
+"""Evaluate the learned planner against the heuristic, ga and the baselines.
+
+    python -m spantrain.experiments.eval_policy [--policy FILE] [--json] [--quick] [--no-track]
+
+Planning: clusters whose seeds training never draws (`EVAL_SEED_RANGE`), at training
+sizes (8-32 devices) and beyond them (64 and 128), every generator profile, gpt2-medium /
+gpt2-xl / llama2-7b. For each case: `ppo` (the policy improving the heuristic's plan),
+`auto` (the default planner), `ppo-alone` (the policy from a planner-free start: the
+better of one pipeline through all devices and plain data parallelism), `heuristic`,
+`ga` and the baselines, all re-estimated by one cost model; ratios are heuristic
+iteration time over the planner's (> 1 is better than the heuristic); plan latency is
+wall time.
+
+Adaptation: held-out scenarios where a region's links change under a running plan;
+effective throughput over the remaining iterations, migration included, of keeping the
+plan, re-planning with the heuristic (and migrating), and letting the policy adapt it.
+
+Sample efficiency comes from the policy file's training curve. Writes plots and a
+markdown table under experiments/results/, logs to W&B (offline by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from spantrain.env.evaluator import Evaluator
+from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, network_change, simple_start
+from spantrain.errors import SpantrainError
+from spantrain.policies.compare import run_planner
+from spantrain.policies.heuristic import HeuristicPlanner
+from spantrain.policies.ppo import PPOPlanner, load_policy
+from spantrain.policies.training import EVAL_SEED_RANGE
+from spantrain.profiler.topology import PROFILES, generate
+from spantrain.tracking import Tracker
+from spantrain.workload import Workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
+TRAIN_SIZES = (8, 16, 24, 32)
+BEYOND_SIZES = (64, 128)
+BASELINES = ("ddp", "gpipe", "megatron")
+
+
+def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
+    rng = np.random.default_rng(2024)
+    sizes = (8, 64) if quick else TRAIN_SIZES + BEYOND_SIZES
+    profiles = ("cee",) if quick else PROFILES
+    models = MODELS[:1] if quick else MODELS
+    return [(p, n, int(rng.integers(*EVAL_SEED_RANGE)), m) for n in sizes for p in profiles for m in models]
+
+
+def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, progress: bool) -> list[dict]:
+    from tqdm import tqdm
+
+    net, _, _ = load_policy(policy)
+    rows = []
+    for profile, n, seed, model in tqdm(_cases(quick), desc="planning cases", disable=not progress):
+        cluster = generate(n, seed=seed, profile=profile)
+        workload = Workload.from_preset(model)
+        row = {"profile": profile, "devices": n, "seed": seed, "model": model}
+        results = {name: run_planner(name, cluster, workload) for name in ("heuristic", *BASELINES)}
+        results["ga"] = run_planner("ga", cluster, workload, budget_s=ga_budget_s)
+        results["ppo"] = run_planner("ppo", cluster, workload, **({"policy": policy} if policy else {}))
+        results["auto"] = run_planner("auto", cluster, workload, **({"policy": policy} if policy else {}))
+        # the policy by itself, from a planner-free start
+        t0 = time.perf_counter()
+        try:
+            ev = Evaluator(cluster, workload)
+            alone = PPOPlanner(policy=policy).best_candidate(ev, start=simple_start(("eval",), ev))
+            row["ppo-alone"] = {"iteration_s": alone.time, "plan_s": time.perf_counter() - t0}
+        except SpantrainError as e:
+            row["ppo-alone"] = {"iteration_s": math.inf, "plan_s": time.perf_counter() - t0, "reason": str(e)}
+        for name, r in results.items():
+            row[name] = {"iteration_s": r.iteration_s if r.feasible else math.inf, "plan_s": r.plan_s,
+                         "feasible": r.feasible}
+        rows.append(row)
+    del net
+    return rows
+
+
+def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[dict]:
+    from tqdm import tqdm
+
+    from spantrain.policies.ppo import improve
+
+    net, settings, _ = load_policy(policy)
+    rng = np.random.default_rng(77)
+    count = 6 if quick else 36
+    rows = []
+    bar = tqdm(total=count, desc="adaptation cases", disable=not progress)
+    while len(rows) < count:
+        profile = PROFILES[len(rows) % 3]
+        n = int(rng.integers(8, 33))
+        seed = int(rng.integers(*EVAL_SEED_RANGE))
+        model = MODELS[int(rng.integers(len(MODELS)))]
+        cluster = generate(n, seed=seed, profile=profile)
+        workload = Workload.from_preset(model)
+        try:
+            running = HeuristicPlanner().best_candidate(Evaluator(cluster, workload))
+        except SpantrainError:
+            continue
+        changed, what = network_change(cluster, rng)
+        ev = Evaluator(changed, workload)
+        now = ev.evaluate(running.layout, running.shares, running.knobs)
+        held = {}
+        for devs, starts, _m, _M in running.built:
+            ends = [*starts[1:], workload.num_layers]
+            held.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
+        scenario = Scenario(key=(profile, n, seed, model), cluster=changed, workload=workload, evaluator=ev,
+                            start=now, running=held, change=what)
+        env = PlanEnv(EnvConfig(max_devices=n, min_devices=2, horizon=int(settings.get("horizon", 500))))
+        env.load(scenario)
+        replanned = HeuristicPlanner().best_candidate(ev)
+        t0 = time.perf_counter()
+        adapted = improve(net, scenario, steps=int(settings.get("max_steps", 12)), samples=4, seed=0,
+                          horizon=env.config.horizon)
+        rows.append({"profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
+                     "keep": env._effective(now), "heuristic": env._effective(replanned),
+                     "heuristic_migration_s": env.migration_s(replanned), "ppo": env._effective(adapted),
+                     "ppo_migration_s": env.migration_s(adapted), "ppo_s": time.perf_counter() - t0})
+        bar.update()
+    bar.close()
+    return rows
+
+
+def _geomean(x) -> float:
+    x = np.asarray([v for v in x if np.isfinite(v) and v > 0])
+    return float(np.exp(np.mean(np.log(x)))) if len(x) else float("nan")
+
+
+def summarize(rows: list[dict], adapt: list[dict]) -> dict:
+    out: dict = {"planning": {}, "adaptation": {}}
+    buckets = {"training sizes (8-32)": [r for r in rows if r["devices"] <= 32],
+               "64 devices": [r for r in rows if r["devices"] == 64],
+               "128 devices": [r for r in rows if r["devices"] == 128]}
+    for label, group in buckets.items():
+        group = [r for r in group if np.isfinite(r["heuristic"]["iteration_s"])]
+        if not group:
+            continue
+        entry = {"cases": len(group)}
+        for name in ("ppo", "auto", "ppo-alone", "ga", *BASELINES):
+            ratios = [r["heuristic"]["iteration_s"] / r[name]["iteration_s"] if np.isfinite(r[name]["iteration_s"])
+                      else 0.0 for r in group]
+            entry[name] = {"median_ratio": float(np.median(ratios)), "geomean_ratio": _geomean(ratios),
+                           "better_1pct": float(np.mean([x >= 1.01 for x in ratios])),
+                           "worse": float(np.mean([x < 1 - 1e-9 for x in ratios])),
+                           "median_plan_s": float(np.median([r[name]["plan_s"] for r in group])),
+                           "max_plan_s": float(np.max([r[name]["plan_s"] for r in group]))}
+        out["planning"][label] = entry
+    cee = [r for r in rows if r["profile"] == "cee"]
+    best_base = [max((1 / r[b]["iteration_s"] for b in BASELINES if np.isfinite(r[b]["iteration_s"])), default=0)
+                 for r in cee]
+    out["auto_over_best_baseline_cee"] = _geomean([(1 / r["auto"]["iteration_s"]) / b
+                                                   for r, b in zip(cee, best_base) if b > 0])
+    if adapt:
+        out["adaptation"] = {
+            "cases": len(adapt),
+            "ppo_over_keep": _geomean([a["ppo"] / a["keep"] for a in adapt]),
+            "ppo_over_heuristic_replan": _geomean([a["ppo"] / a["heuristic"] for a in adapt]),
+            "heuristic_replan_over_keep": _geomean([a["heuristic"] / a["keep"] for a in adapt]),
+            "ppo_at_least_heuristic": float(np.mean([a["ppo"] >= a["heuristic"] * (1 - 1e-9) for a in adapt])),
+            "ppo_better_1pct_than_heuristic": float(np.mean([a["ppo"] >= a["heuristic"] * 1.01 for a in adapt])),
+            "median_ppo_s": float(np.median([a["ppo_s"] for a in adapt])),
+        }
+    return out
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| cases | planner | median ratio to heuristic | geomean | >= 1% better | worse | median plan s "
+             "| max plan s |", "|---|---|---|---|---|---|---|---|"]
+    for label, entry in summary["planning"].items():
+        for name in ("ppo", "auto", "ppo-alone", "ga", *BASELINES):
+            e = entry[name]
+            lines.append(f"| {label} ({entry['cases']}) | {name} | {e['median_ratio']:.3f} | "
+                         f"{e['geomean_ratio']:.3f} | {e['better_1pct']:.0%} | {e['worse']:.0%} | "
+                         f"{e['median_plan_s']:.2f} | {e['max_plan_s']:.2f} |")
+    a = summary.get("adaptation") or {}
+    if a:
+        lines += ["", "| adaptation ({} cases) | geomean |".format(a["cases"]), "|---|---|",
+                  f"| ppo adapting vs keeping the plan | {a['ppo_over_keep']:.3f} |",
+                  f"| ppo adapting vs heuristic re-plan (+ migration) | {a['ppo_over_heuristic_replan']:.3f} |",
+                  f"| heuristic re-plan vs keeping the plan | {a['heuristic_replan_over_keep']:.3f} |",
+                  f"| ppo at least as good as heuristic re-plan | {a['ppo_at_least_heuristic']:.0%} of cases |",
+                  f"| ppo >= 1% better than heuristic re-plan | {a['ppo_better_1pct_than_heuristic']:.0%} of cases |"]
+    lines.append(f"\nauto over the best of ddp/gpipe/megatron on cee (geomean): "
+                 f"{summary['auto_over_best_baseline_cee']:.2f}x")
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    sizes = sorted({r["devices"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for k, name in enumerate(("ppo", "ppo-alone", "ga")):
+        data = [[r["heuristic"]["iteration_s"] / r[name]["iteration_s"] for r in rows
+                 if r["devices"] == n and np.isfinite(r["heuristic"]["iteration_s"])] for n in sizes]
+        pos = np.arange(len(sizes)) + (k - 1) * 0.25
+        ax.boxplot(data, positions=pos, widths=0.2, patch_artist=True,
+                   boxprops={"facecolor": f"C{k}", "alpha": 0.6}, medianprops={"color": "k"})
+        ax.plot([], [], color=f"C{k}", lw=6, alpha=0.6, label=name)
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xticks(np.arange(len(sizes)), [str(n) for n in sizes])
+    ax.set_xlabel("devices (64 and 128: beyond training sizes)")
+    ax.set_ylabel("heuristic time / planner time")
+    ax.set_title("held-out clusters: plans relative to the heuristic")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "policy_ratios.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("heuristic", "ppo", "ga"):
+        med = [np.median([r[name]["plan_s"] for r in rows if r["devices"] == n]) for n in sizes]
+        ax.plot(sizes, med, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("devices")
+    ax.set_ylabel("median plan latency (s)")
+    ax.legend(fontsize=8)
+    ax.set_title("plan latency")
+    fig.tight_layout()
+    paths.append(out / "policy_latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    curve = meta.get("curve") or []
+    if curve:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        steps = [p["steps"] for p in curve]
+        ax.plot(steps, [p["geomean_ratio"] for p in curve], marker="o", label="geomean ratio to heuristic")
+        ax.plot(steps, [p["better_1pct"] for p in curve], marker="^", label="share >= 1% better")
+        ax.set_xlabel("environment steps")
+        ax.set_title("sample efficiency (held-out evaluation during training)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "policy_sample_efficiency.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", help="policy file (default: the shipped policy)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--quick", action="store_true", help="a few cases only (smoke test)")
+    p.add_argument("--ga-budget-s", type=float, default=2.0, help="ga time budget per case (default 2 s)")
+    p.add_argument("--out", default=str(RESULTS), help="where plots and tables go")
+    p.add_argument("--no-track", action="store_true", help="do not log to W&B")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = not args.no_progress
+    try:
+        _, _, meta = load_policy(args.policy)
+    except SpantrainError as e:
+        print(f"eval_policy: error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, progress)
+    adapt = adaptation_cases(args.policy, args.quick, progress)
+    summary = summarize(rows, adapt)
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["policy_meta"] = {k: meta.get(k) for k in ("timesteps", "train_s", "starts_s")}
+    curve = meta.get("curve") or []
+    table = markdown(summary)
+    stem = "eval_policy_quick" if args.quick else "eval_policy"
+    (out / f"{stem}.md").write_text(table + "\n")
+    (out / f"{stem}.json").write_text(json.dumps({"summary": summary, "cases": rows, "adaptation": adapt},
+                                                 indent=1, default=float))
+    images = plots(rows, {"curve": curve}, out)
+    with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track,
+                 dir=out.parent / "wandb-runs") as tracker:
+        tracker.summary({"summary": json.loads(json.dumps(summary, default=float))})
+        cols = ["profile", "devices", "seed", "model", "heuristic_s", "ppo_s", "auto_s", "ga_s", "ppo_plan_s"]
+        tracker.log_table("cases", cols, [[r["profile"], r["devices"], r["seed"], r["model"],
+                                           r["heuristic"]["iteration_s"], r["ppo"]["iteration_s"],
+                                           r["auto"]["iteration_s"], r["ga"]["iteration_s"], r["ppo"]["plan_s"]]
+                                          for r in rows])
+        for img in images:
+            tracker.log_image(img.stem, img)
+    if args.json:
+        print(json.dumps(summary, default=float))
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

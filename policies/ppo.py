@@ -1,0 +1,215 @@
+"""Deploying the learned policy: the `ppo` and `auto` planners, and policy files.
+
+`ppo` starts from the heuristic's plan (or, when adapting, from the plan that is
+running) and lets the policy improve it by moves in `PlanEnv`: one deterministic
+rollout plus a few sampled ones, run as one batch through the network; the cost model
+scores every plan visited and the best one wins, so the result is never worse than the
+start. The network is size-agnostic, so the environment is padded to the cluster's own
+size: a policy trained on 4-32 devices plans 128.
+
+`auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when no
+policy can be loaded it says so in one line and returns the heuristic's plan, the
+documented fallback.
+
+A policy file is a `torch.save`d dict: ``{"format": 1, "net": {...config}, "env": {...},
+"state_dict": {...}, "meta": {...}}`` (weights only, loadable with `weights_only=True`).
+The shipped one lives in `spantrain/policies/assets/ppo-policy.pt`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spantrain.cluster import Cluster
+from spantrain.env.evaluator import Candidate, Evaluator
+from spantrain.errors import PolicyError, SpantrainError
+from spantrain.plan import Plan
+from spantrain.workload import Workload
+
+__all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
+           "improve"]
+
+SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
+_FORMAT = 1
+
+
+def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, Any] | None = None) -> Path:
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {"format": _FORMAT, "net": dict(net.config), "env": dict(env),
+            "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+            "meta": dict(meta or {})}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_policy(path: str | Path | None = None):
+    """(GraphPolicyNet in eval mode, env settings, meta) from a policy file; `PolicyError` if unusable."""
+    import torch
+
+    from spantrain.policies.extractor import GraphPolicyNet
+
+    path = Path(path) if path else SHIPPED_POLICY
+    if not path.exists():
+        raise PolicyError(f"policy file {path} not found: train one with `spantrain train-policy` "
+                          "or use --planner heuristic")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        if blob.get("format") != _FORMAT:
+            raise PolicyError(f"policy file {path} has format {blob.get('format')!r}, expected {_FORMAT}")
+        net = GraphPolicyNet(**blob["net"])
+        net.load_state_dict(blob["state_dict"])
+    except PolicyError:
+        raise
+    except Exception as e:  # a corrupt or foreign file: say which and how to fix it
+        raise PolicyError(f"policy file {path} is unusable ({type(e).__name__}: {e}); retrain it with "
+                          "`spantrain train-policy` or use --planner heuristic") from None
+    net.eval()
+    return net, blob.get("env", {}), blob.get("meta", {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+    """Options of the `ppo` planner."""
+
+    policy: str | None = None
+    """Policy file; the shipped policy when None."""
+    samples: int = 4
+    """Sampled rollouts besides the deterministic one."""
+    steps: int | None = None
+    """Moves per rollout; the policy's training episode length when None."""
+    seed: int = 0
+    """Seed of the sampled rollouts."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+            raise SpantrainError(f"ppo: samples must be an integer >= 0, got {self.samples!r}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise SpantrainError(f"ppo: steps must be a positive integer, got {self.steps!r}")
+
+
+def improve(net, scenario, *, steps: int, samples: int, seed: int, horizon: int = 500) -> Candidate:
+    """The best plan the policy reaches from `scenario.start` (deterministic + sampled rollouts)."""
+    import torch
+
+    from spantrain.env.plan_env import EnvConfig, PlanEnv
+
+    n = max(len(scenario.cluster), 2)
+    cfg = EnvConfig(max_devices=n, min_devices=2, max_steps=steps, horizon=horizon)
+    envs = [PlanEnv(cfg) for _ in range(samples + 1)]
+    for e in envs:
+        e.load(scenario)
+    gen = torch.Generator().manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small graphs: one thread is faster than two contending ones
+    alive = list(range(len(envs)))
+    obs = [e._obs() for e in envs]
+    try:
+        _rollouts(net, envs, obs, alive, steps, gen)
+    finally:
+        torch.set_num_threads(threads)
+    return max((e.best for e in envs), key=envs[0]._effective)
+
+
+def _rollouts(net, envs, obs, alive, steps, gen) -> None:
+    import torch
+
+    with torch.no_grad():
+        for _ in range(steps):
+            if not alive:
+                break
+            batch = {k: torch.as_tensor(np.stack([obs[i][k] for i in alive])) for k in obs[0]}
+            logits, _ = net(batch)
+            masks = torch.as_tensor(np.stack([envs[i].action_masks() for i in alive]))
+            logits = logits.masked_fill(~masks, -math.inf)
+            greedy = logits.argmax(dim=-1)
+            sampled = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen).squeeze(-1)
+            still = []
+            for row, i in enumerate(alive):
+                action = int(greedy[row] if i == 0 else sampled[row])
+                obs[i], _, term, trunc, _ = envs[i].step(action)
+                if not (term or trunc):
+                    still.append(i)
+            alive = still
+
+
+class PPOPlanner:
+    """The learned policy improving the heuristic's plan (module docstring)."""
+
+    name = "ppo"
+
+    def __init__(self, config: PPOConfig | None = None, **options: Any):
+        self.config = config or PPOConfig(**options)
+        self._net = None
+        self._env_settings: dict[str, Any] = {}
+        self.stats: dict[str, float] = {}
+
+    def _load(self):
+        if self._net is None:
+            self._net, self._env_settings, _ = load_policy(self.config.policy)
+        return self._net
+
+    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
+        ev = Evaluator(cluster, workload)
+        return ev.to_plan(self.best_candidate(ev))
+
+    def best_candidate(self, ev: Evaluator, start: Candidate | None = None) -> Candidate:
+        from spantrain.env.plan_env import Scenario
+        from spantrain.policies.heuristic import HeuristicPlanner
+
+        net = self._load()
+        t0 = time.perf_counter()
+        if start is None:
+            start = HeuristicPlanner().best_candidate(ev)
+        t1 = time.perf_counter()
+        scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
+        best = self.improve(net, scenario)
+        self.stats = {"plan_s": time.perf_counter() - t0, "start_s": t1 - t0, "policy_s": time.perf_counter() - t1,
+                      "gain": start.time / best.time}
+        return best
+
+    def improve(self, net, scenario) -> Candidate:
+        steps = self.config.steps or int(self._env_settings.get("max_steps", 12))
+        return improve(net, scenario, steps=steps, samples=self.config.samples, seed=self.config.seed,
+                       horizon=int(self._env_settings.get("horizon", 500)))
+
+
+class AutoPlanner:
+    """Best of `ppo` and `heuristic`; the heuristic alone when no policy loads."""
+
+    name = "auto"
+
+    def __init__(self, **options: Any):
+        self.ppo = PPOPlanner(**options)
+        self.stats: dict[str, Any] = {}
+
+    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
+        ev = Evaluator(cluster, workload)
+        return ev.to_plan(self.best_candidate(ev))
+
+    def best_candidate(self, ev: Evaluator) -> Candidate:
+        from spantrain.policies.heuristic import HeuristicPlanner
+
+        heuristic = HeuristicPlanner().best_candidate(ev)
+        try:
+            self.ppo._load()
+        except PolicyError as e:
+            print(f"spantrain: warning: {e}; using the heuristic plan", file=sys.stderr)
+            self.stats = {"chosen": "heuristic", "fallback": str(e)}
+            return heuristic
+        learned = self.ppo.best_candidate(ev, start=heuristic)
+        chosen = learned if learned.time < heuristic.time else heuristic
+        self.stats = {"chosen": "ppo" if chosen is learned and learned.time < heuristic.time else "heuristic",
+                      **self.ppo.stats}
+        return chosen

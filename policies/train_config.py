@@ -1,0 +1,88 @@
+"""The training job's configuration (light: the CLI builds its flags from it at startup)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spantrain.errors import SpantrainError
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything a training run needs; `spantrain train-policy` exposes each field as a flag."""
+
+    timesteps: int = 150_000
+    """Environment steps in total (over all environments)."""
+    n_envs: int = 8
+    """Environments stepped together (one process; env steps are cheap next to the network)."""
+    min_devices: int = 4
+    """Smallest training cluster."""
+    max_devices: int = 32
+    """Largest training cluster (also the padding size of training observations)."""
+    models: tuple[str, ...] = ("gpt2-medium", "gpt2-xl", "llama2-7b")
+    """Workload presets episodes draw from."""
+    pool_size: int = 800
+    """Training scenarios (their heuristic starts are computed once and cached)."""
+    adapt_prob: float = 0.5
+    """Share of episodes that adapt a running plan to a network change."""
+    max_steps: int = 12
+    """Moves per episode."""
+    seed: int = 0
+    """Seed of the pool, the environments and the network initialization."""
+    learning_rate: float = 3e-4
+    """Adam learning rate of PPO."""
+    n_steps: int = 64
+    """Steps per environment per PPO rollout."""
+    batch_size: int = 128
+    """PPO minibatch size."""
+    n_epochs: int = 4
+    """PPO epochs per rollout."""
+    gamma: float = 0.95
+    """Discount (episodes are short; improvements should come early)."""
+    ent_coef: float = 0.01
+    """Entropy bonus (keeps exploring moves instead of stopping at once)."""
+    hidden: int = 64
+    """Width of the graph encoder."""
+    layers: int = 3
+    """Message-passing layers."""
+    eval_every: int = 25_000
+    """Steps between evaluations against the heuristic."""
+    eval_scenarios: int = 24
+    """Held-out scenarios per evaluation."""
+    out_dir: str = "runs/policy"
+    """Checkpoints, the final policy file and the evaluation table go here."""
+    workers: int = 2
+    """Processes computing the heuristic starts of the pool."""
+    track: bool = True
+    """Log to W&B (offline unless logged in)."""
+    progress: bool = True
+    """Progress bar on stderr."""
+    cache_dir: str | None = None
+    """Where heuristic starts are cached (default ~/.cache/spantrain/starts)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes recorded with the run."""
+
+    def __post_init__(self) -> None:
+        positive = ("timesteps", "n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
+                    "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers")
+        for name in positive:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if self.min_devices < 2 or self.min_devices > self.max_devices:
+            raise SpantrainError(f"TrainConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
+        if not 0 <= self.adapt_prob <= 1:
+            raise SpantrainError(f"TrainConfig.adapt_prob must be in [0, 1], got {self.adapt_prob}")
+        if not 0 < self.gamma <= 1 or self.learning_rate <= 0 or self.ent_coef < 0:
+            raise SpantrainError("TrainConfig: gamma must be in (0, 1], learning_rate > 0, ent_coef >= 0")
+
+    def env_config(self):
+        """The training environment's `EnvConfig`."""
+        from spantrain.env.plan_env import EnvConfig
+
+        return EnvConfig(max_devices=self.max_devices, min_devices=self.min_devices, models=self.models,
+                         max_steps=self.max_steps, adapt_prob=self.adapt_prob, pool_size=self.pool_size,
+                         pool_seed=self.seed)

@@ -1,0 +1,217 @@
+"""Training the scheduling policy with masked PPO in `PlanEnv`.
+
+`train(TrainConfig(...))` prepares the heuristic starts of a scenario pool (cached on
+disk, computed in parallel), runs sb3-contrib's `MaskablePPO` with the graph policy over
+vectorized environments, evaluates against the heuristic on held-out scenarios (cluster
+seeds training never draws) every `eval_every` steps, writes a policy file at every
+evaluation and at the end, and tracks config, reward and evaluation curves and the final
+evaluation table in W&B (offline unless the user is logged in).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, scenario_pool, scenario_workload
+from spantrain.errors import SpantrainError
+from spantrain.policies.train_config import TrainConfig
+from spantrain.profiler.topology import generate
+
+__all__ = ["TrainConfig", "train", "evaluate_policy", "held_out_config"]
+
+
+EVAL_SEED_RANGE = (1_000_000, 2_000_000)
+"""Cluster seeds of held-out evaluation scenarios (training draws from EnvConfig.seed_range)."""
+
+
+def held_out_config(config: TrainConfig) -> EnvConfig:
+    """Evaluation scenarios: same sizes and models, seeds training never draws."""
+    return EnvConfig(max_devices=config.max_devices, min_devices=config.min_devices, models=config.models,
+                     max_steps=config.max_steps, adapt_prob=0.0, pool_size=config.eval_scenarios,
+                     pool_seed=config.seed + 10_000, seed_range=EVAL_SEED_RANGE)
+
+
+def _scenarios(keys: list[tuple], starts) -> list[Scenario]:
+    from spantrain.env.evaluator import Evaluator
+
+    out = []
+    for key in keys:
+        profile, n, seed, model, scale = key
+        ev = Evaluator(generate(n, seed=seed, profile=profile), scenario_workload(model, scale))
+        try:
+            start = starts(key, ev)
+        except SpantrainError:
+            continue
+        out.append(Scenario(key=key, cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start))
+    return out
+
+
+def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int = 4, seed: int = 0) -> dict:
+    """Ratios of the policy's plan to the start (the heuristic's) over scenarios."""
+    from spantrain.policies.ppo import improve
+
+    ratios = []
+    rows = []
+    for sc in scenarios:
+        t = time.perf_counter()
+        best = improve(net, sc, steps=steps, samples=samples, seed=seed)
+        ratio = sc.start.time / best.time
+        ratios.append(ratio)
+        rows.append([*map(str, sc.key), round(sc.start.time, 5), round(best.time, 5), round(ratio, 4),
+                     round(time.perf_counter() - t, 3)])
+    r = np.array(ratios) if ratios else np.array([1.0])
+    return {"median_ratio": float(np.median(r)), "geomean_ratio": float(np.exp(np.mean(np.log(r)))),
+            "better_1pct": float(np.mean(r >= 1.01)), "cases": len(ratios), "rows": rows}
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run a training job; returns a summary (paths, timings, final evaluation)."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from spantrain.policies.extractor import MaskableGraphPolicy
+    from spantrain.policies.ppo import save_policy
+    from spantrain.policies.starts import HeuristicStarts
+    from spantrain.tracking import Tracker
+
+    t_start = time.perf_counter()
+    # one intra-op thread: the graphs are small, and a second thread fighting for the same
+    # two cores made the forward pass ~8x slower here
+    torch.set_num_threads(1)
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    env_cfg = config.env_config()
+    eval_cfg = held_out_config(config)
+    starts = HeuristicStarts(config.cache_dir)
+    missing = starts.prepare(scenario_pool(env_cfg) + scenario_pool(eval_cfg), workers=config.workers,
+                             progress=config.progress)
+    t_starts = time.perf_counter() - t_start
+    eval_scenarios = _scenarios(scenario_pool(eval_cfg), starts)
+    if not eval_scenarios:
+        raise SpantrainError("no held-out scenario has a feasible heuristic plan; widen models or sizes")
+
+    def make(rank: int):
+        def thunk():
+            env = PlanEnv(env_cfg, start=starts)
+            env.reset(seed=config.seed * 1000 + rank)
+            return env
+        return thunk
+
+    venv = DummyVecEnv([make(k) for k in range(config.n_envs)])
+    model = MaskablePPO(MaskableGraphPolicy, venv, learning_rate=config.learning_rate, n_steps=config.n_steps,
+                        batch_size=config.batch_size, n_epochs=config.n_epochs, gamma=config.gamma,
+                        ent_coef=config.ent_coef, seed=config.seed, verbose=0, device="cpu",
+                        policy_kwargs={"features_extractor_kwargs": {"hidden": config.hidden,
+                                                                     "layers": config.layers}})
+    net = model.policy.graph_net
+    env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
+    tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
+                      dir=out / "wandb")
+    curve: list[dict[str, float]] = []
+
+    class Hooks(BaseCallback):
+        """Progress bar, episode stats, periodic held-out evaluation and checkpoints."""
+
+        def _on_training_start(self) -> None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=config.timesteps, desc="train-policy", unit="step", disable=not config.progress)
+            self.next_eval = config.eval_every
+            self.returns: list[float] = []
+            self.gains: list[float] = []
+            self.running = np.zeros(config.n_envs)
+
+        def _on_step(self) -> bool:
+            self.bar.update(config.n_envs)
+            self.running += self.locals["rewards"]
+            for k, done in enumerate(self.locals["dones"]):
+                if done:
+                    self.returns.append(float(self.running[k]))
+                    self.gains.append(float(self.locals["infos"][k].get("improvement", 1.0)))
+                    self.running[k] = 0.0
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += config.eval_every
+                self._evaluate()
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if self.returns:
+                tracker.log({"train/episode_return": float(np.mean(self.returns)),
+                             "train/episode_gain": float(np.mean(self.gains)), "train/episodes": len(self.returns)},
+                            step=self.num_timesteps)
+                self.bar.set_postfix(ret=f"{np.mean(self.returns):.3f}", gain=f"{np.mean(self.gains):.3f}")
+                self.returns, self.gains = [], []
+
+        def _evaluate(self) -> None:
+            net.eval()
+            result = evaluate_policy(net, eval_scenarios, steps=config.max_steps)
+            net.train()
+            point = {"steps": self.num_timesteps, "median_ratio": result["median_ratio"],
+                     "geomean_ratio": result["geomean_ratio"], "better_1pct": result["better_1pct"],
+                     "wall_s": time.perf_counter() - t_start}
+            curve.append(point)
+            tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=self.num_timesteps)
+            save_policy(net, out / "checkpoints" / f"policy-{self.num_timesteps}.pt", env=env_settings,
+                        meta={"steps": self.num_timesteps, **point})
+
+        def _on_training_end(self) -> None:
+            self.bar.close()
+
+    model.learn(total_timesteps=config.timesteps, callback=Hooks())
+    t_train = time.perf_counter() - t_start
+    net.eval()
+    final = evaluate_policy(net, eval_scenarios, steps=config.max_steps)
+    meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
+            "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
+            "curve": curve, "config": asdict(config)}
+    policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta)
+    columns = ["profile", "devices", "seed", "model", "batch_scale", "heuristic_s", "ppo_s", "ratio", "plan_s"]
+    tracker.log_table("eval/final", columns, final["rows"])
+    plot = _plot_curve(curve, out / "sample_efficiency.png")
+    if plot:
+        tracker.log_image("eval/curve", plot)
+    tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
+    tracker.finish()
+    summary = {"policy": str(policy_path), "train_s": t_train, "starts_s": t_starts, "curve": curve,
+               "final": {k: v for k, v in final.items() if k != "rows"}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _plot_curve(curve: list[dict[str, float]], path: Path) -> Path | None:
+    if not curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [p["steps"] for p in curve]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [p["geomean_ratio"] for p in curve], marker="o", label="geomean ratio to heuristic")
+    ax.plot(steps, [p["median_ratio"] for p in curve], marker="s", label="median ratio to heuristic")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [p["better_1pct"] for p in curve], color="tab:green", ls="--", marker="^",
+             label="share >= 1% better")
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("share of held-out cases")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("iteration-time ratio (heuristic / ppo)")
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
+    ax.set_title("held-out evaluation during training")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,73 @@
+"""Command-line flags generated from a keyword-only config dataclass.
+
+Each field becomes `--field-name`, typed from its default, with the field's docstring
+(the string literal under it in the class body) as help, so configs are documented once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
+import textwrap
+import typing
+from typing import Any
+
+__all__ = ["field_docs", "add_dataclass_args", "dataclass_from_args"]
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass, by field name."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: set[str] = frozenset()) -> None:
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or f.default is dataclasses.MISSING:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif isinstance(default, tuple):
+            p.add_argument(flag, metavar="A,B,...", default=None, help=help_text)
+        elif default is None:
+            p.add_argument(flag, default=None, type=_scalar_type(hints[f.name]), help=help_text)
+        else:
+            p.add_argument(flag, type=type(default), default=None, help=help_text)
+
+
+def _scalar_type(hint: Any) -> type:
+    for arg in typing.get_args(hint):
+        if arg in (int, float):
+            return arg
+    return str
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
+    """An instance of `cls` from the flags the user gave (others keep their defaults)."""
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        if isinstance(f.default, tuple):
+            value = tuple(x.strip() for x in str(value).split(",") if x.strip())
+        kwargs[f.name] = value
+    kwargs.update(overrides)
+    return cls(**kwargs)

@@ -1,0 +1,132 @@
+"""The Gymnasium environment: checkers, seeding, masks that never allow an invalid plan."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+from spantrain.env.evaluator import Evaluator
+from spantrain.env.moves import apply_move
+from spantrain.env.plan_env import ENV_ID, EnvConfig, PlanEnv, Scenario, network_change, simple_start
+from spantrain.env.spaces import KNOBS, ActionLayout
+from spantrain.profiler.topology import generate
+from spantrain.workload import Workload
+
+SMALL = EnvConfig(max_devices=8, min_devices=3, models=("gpt2-medium",), max_steps=6, adapt_prob=0.5)
+
+
+def test_passes_gymnasium_and_sb3_checkers():
+    gym_check_env(PlanEnv(SMALL), skip_render_check=True)
+    sb3_check_env(PlanEnv(SMALL), warn=False)
+
+
+def test_registered_versioned_id():
+    env = gym.make(f"spantrain.env.plan_env:{ENV_ID}", config=SMALL)
+    obs, _ = env.reset(seed=1)
+    assert env.spec.id == ENV_ID and env.observation_space.contains(obs)
+
+
+def _rollout(env: PlanEnv, seed: int, steps: int = 20):
+    obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    trace = [info["scenario"], obs["nodes"].sum()]
+    for _ in range(steps):
+        action = int(rng.choice(np.nonzero(env.action_masks())[0]))
+        obs, reward, term, trunc, info = env.step(action)
+        trace += [action, round(reward, 12), obs["edges"].sum()]
+        if term or trunc:
+            obs, info = env.reset()
+            trace.append(info["scenario"])
+    return trace
+
+
+def test_same_seed_same_episodes():
+    assert _rollout(PlanEnv(SMALL), 5) == _rollout(PlanEnv(SMALL), 5)
+    assert _rollout(PlanEnv(SMALL), 5) != _rollout(PlanEnv(SMALL), 6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_masked_policy_always_holds_a_valid_feasible_plan(seed):
+    env = PlanEnv(SMALL)
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    for _ in range(60):
+        mask = env.action_masks()
+        assert mask.any()
+        action = int(rng.choice(np.nonzero(mask)[0]))
+        _, _, term, trunc, _ = env.step(action)
+        s = env.scenario
+        plan = s.evaluator.to_plan(env.current)
+        assert plan.problems(s.cluster, s.workload) == []
+        assert env.current.feasible and plan.batch == s.workload.global_batch
+        if term or trunc:
+            env.reset()
+
+
+def test_every_unmasked_move_yields_a_valid_layout():
+    env = PlanEnv(SMALL)
+    env.reset(seed=11)
+    s = env.scenario
+    n = len(s.cluster)
+    mask = env.action_masks()
+    for action in np.nonzero(mask)[0]:
+        kind, i, j = env.actions.decode(int(action))
+        if kind == "knob" and KNOBS[i] == "stop":
+            continue
+        layout, knobs = apply_move(env.current.layout, env.current.knobs, kind, i, j)
+        used = [d for p in layout for d in p]
+        assert used and len(used) == len(set(used)) and all(0 <= d < n for d in used)
+        assert len(layout) <= s.workload.global_batch
+        assert all(len(p) <= s.workload.num_layers for p in layout)
+        assert (layout, knobs) != (env.current.layout, env.current.knobs), (kind, i, j)
+    # padding slots are never offered
+    acts = ActionLayout(SMALL.max_devices)
+    for d in range(n, SMALL.max_devices):
+        assert not mask[acts.encode("idle", d)] and not mask[acts.encode("solo", d)]
+
+
+def test_invalid_action_is_rejected_without_changing_the_plan():
+    env = PlanEnv(SMALL)
+    env.reset(seed=2)
+    before = env.current
+    invalid = int(np.nonzero(~env.action_masks())[0][0])
+    _, reward, term, _, info = env.step(invalid)
+    assert env.current is before and reward < 0 and not term and info["rejected"] == "invalid"
+
+
+def test_rewards_telescope_to_the_log_ratio():
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=4, models=("gpt2-medium",), max_steps=30, adapt_prob=0.0))
+    env.reset(seed=4)
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for _ in range(25):
+        _, r, term, trunc, info = env.step(int(rng.choice(np.nonzero(env.action_masks())[0])))
+        total += r if "rejected" not in info else 0.0
+        if term or trunc:
+            break
+    expected = env.config.reward_scale * np.log(env.scenario.start.time / env.current.time)
+    assert total == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_adaptation_counts_migration_and_network_change_is_real():
+    cluster = generate(8, seed=3, profile="cee")
+    changed, what = network_change(cluster, np.random.default_rng(0))
+    assert not np.array_equal(changed.bandwidth, cluster.bandwidth) and "bandwidth" in what
+    w = Workload.from_preset("gpt2-medium")
+    ev = Evaluator(cluster, w)
+    start = simple_start(("x",), ev)
+    running = {}
+    for devs, starts, _m, _M in start.built:
+        ends = [*starts[1:], w.num_layers]
+        running.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=4))
+    env.reset(seed=0, options={"scenario": Scenario(key=("x",), cluster=cluster, workload=w, evaluator=ev,
+                                                    start=start, running=running)})
+    assert env.migration_s(start) == 0.0
+    # moving every device's layers costs time
+    flipped = ev.balance(tuple(tuple(reversed(p)) for p in start.layout), start.knobs)
+    if flipped.layout != start.layout:
+        assert env.migration_s(flipped) > 0

@@ -1,0 +1,121 @@
+"""The graph encoder, the SB3 policy wiring, training smoke run, deployment planners."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spantrain.env.evaluator import Evaluator
+from spantrain.env.plan_env import EnvConfig, PlanEnv
+from spantrain.policies.extractor import GraphPolicyNet, to_graph
+from spantrain.profiler.topology import generate
+from spantrain.workload import Workload
+
+SMALL = EnvConfig(max_devices=8, min_devices=4, models=("gpt2-medium",), max_steps=4)
+
+
+def _obs(seed: int = 0):
+    env = PlanEnv(SMALL)
+    obs, _ = env.reset(seed=seed)
+    return env, {k: torch.as_tensor(v)[None] for k, v in obs.items()}
+
+
+def _permute(obs, perm):
+    return {"nodes": obs["nodes"][:, perm], "edges": obs["edges"][:, perm][:, :, perm], "mask": obs["mask"][:, perm],
+            "globals": obs["globals"]}
+
+
+def test_device_order_permutation_leaves_value_unchanged_and_permutes_logits():
+    torch.manual_seed(0)
+    net = GraphPolicyNet(hidden=32, layers=2).eval()
+    _, obs = _obs(3)
+    n = obs["nodes"].shape[1]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, value = net(obs)
+        logits_p, value_p = net(_permute(obs, perm))
+    assert torch.allclose(value, value_p, atol=1e-5)
+    insert = logits[0, : n * n].reshape(n, n)
+    insert_p = logits_p[0, : n * n].reshape(n, n)
+    real = obs["mask"][0] > 0
+    real_p = real[perm]
+    assert torch.allclose(insert[perm][:, perm][real_p][:, real_p], insert_p[real_p][:, real_p], atol=1e-5)
+
+
+def test_graph_batch_keeps_only_real_devices_and_fast_neighbours():
+    _, obs = _obs(1)
+    x, edge_index, edge_attr, batch, _ = to_graph(obs["nodes"], obs["edges"], obs["mask"], k=2)
+    n_real = int(obs["mask"].sum())
+    assert x.shape[0] == n_real and edge_index.max() < n_real and (batch == 0).all()
+    assert edge_attr.shape[0] == edge_index.shape[1] >= n_real  # at least k per node, plus pipeline links
+
+
+def test_one_network_serves_any_cluster_size():
+    net = GraphPolicyNet(hidden=32, layers=2).eval()
+    for n in (4, 40):
+        env = PlanEnv(EnvConfig(max_devices=n, min_devices=n))
+        obs, _ = env.reset(seed=0)
+        with torch.no_grad():
+            logits, _ = net({k: torch.as_tensor(v)[None] for k, v in obs.items()})
+        assert logits.shape[1] == env.action_space.n
+
+
+@pytest.mark.slow
+def test_tiny_training_run_writes_a_policy_that_plans(tmp_path):
+    from spantrain.policies.ppo import PPOPlanner, load_policy
+    from spantrain.policies.training import TrainConfig, train
+
+    summary = train(TrainConfig(timesteps=96, n_envs=2, n_steps=48, batch_size=48, n_epochs=1, max_devices=6,
+                                min_devices=4, models=("gpt2-medium",), pool_size=4, eval_scenarios=2,
+                                eval_every=48, hidden=16, layers=1, track=True, progress=False, workers=1,
+                                out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache")))
+    assert (tmp_path / "run" / "ppo-policy.pt").exists() and len(summary["curve"]) == 2
+    assert any((tmp_path / "run" / "checkpoints").iterdir())
+    assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
+    _, env, meta = load_policy(summary["policy"])
+    assert env["max_steps"] == 12 and meta["timesteps"] == 96
+    cluster = generate(6, seed=5, profile="cee")
+    workload = Workload.from_preset("gpt2-medium")
+    planner = PPOPlanner(policy=summary["policy"], samples=2)
+    ev = Evaluator(cluster, workload)
+    from spantrain.policies.heuristic import HeuristicPlanner
+
+    heuristic = HeuristicPlanner().best_candidate(ev)
+    best = planner.best_candidate(ev, start=heuristic)
+    assert best.time <= heuristic.time
+    plan = planner.plan(cluster, workload)
+    assert plan.problems(cluster, workload) == [] and plan.batch == workload.global_batch
+
+
+def test_shipped_policy_loads_and_plans_beyond_training_sizes():
+    from spantrain.policies.ppo import SHIPPED_POLICY, PPOPlanner, load_policy
+
+    assert SHIPPED_POLICY.exists(), "the package ships no policy"
+    assert SHIPPED_POLICY.stat().st_size < 5_000_000
+    _, env, meta = load_policy()
+    assert "train_s" in meta and env["max_devices"] >= 16
+    cluster = generate(40, seed=123, profile="datacenter")
+    workload = Workload.from_preset("gpt2-medium")
+    plan = PPOPlanner(samples=1).plan(cluster, workload)
+    assert plan.problems(cluster, workload) == []
+
+
+def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys):
+    from spantrain.policies.heuristic import HeuristicPlanner
+    from spantrain.policies.ppo import AutoPlanner
+
+    cluster = generate(6, seed=2, profile="geo")
+    workload = Workload.from_preset("gpt2-medium")
+    plan = AutoPlanner(policy=str(tmp_path / "missing.pt")).plan(cluster, workload)
+    assert plan == HeuristicPlanner().plan(cluster, workload)
+    assert "using the heuristic plan" in capsys.readouterr().err
+
+
+def test_corrupt_policy_file_is_a_clear_error(tmp_path):
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import load_policy
+
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a policy")
+    with pytest.raises(PolicyError, match="unusable"):
+        load_policy(bad)
