@@ -76,7 +76,7 @@ def _rate(fn, seconds: float, clock=time.perf_counter) -> float:
 _FIRST_RUN = """
 import time
 t0 = time.perf_counter()
-from experiments.bench_costmodel import bench_plan
+from spantrain.experiments.bench_costmodel import bench_plan
 from spantrain.env.costmodel import CostModel
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
