@@ -21,13 +21,34 @@ Bytes per parameter (AdamW):
   bandwidth is not in the cluster spec, so it is taken proportional to its sustained
   FLOP/s: `MEMORY_BYTES_PER_FLOP = 0.02` bytes/s per FLOP/s (35 TFLOP/s -> 700 GB/s,
   close to an RTX 3090's 936 GB/s at its ~70 % achievable streaming rate).
+
+Fixed costs come in two forms: seconds (`op_overhead_s`, CPU-side costs of a GPU that do
+not depend on its speed) and FLOP-equivalents (`op_overhead_flops`,
+`iteration_overhead_flops`: work done at the device's own sustained rate, i.e. divided by
+its FLOP/s; right where the framework's Python and dispatch run on the device being
+modelled, as on CPUs and the local emulated cluster, whose CPU quotas slow them too).
+
+How iterations are executed (`sync_overlap`): the defaults describe an executor that
+starts each data-parallel collective as soon as its layers' gradients are complete,
+overlapping it with the rest of the backward pass and the other pipelines, and lets each
+stage start its next iteration when it is done (so ZB-H2 gains its steady-state period).
+spantrain's runtime (`spantrain.runtime.worker`) instead runs, on every rank, the whole
+schedule, then its collectives in layer order, then the optimizer, and meets all ranks at
+the end of every iteration; ``sync_overlap: false`` models that. Calibration profiles
+(YAML/JSON, `Calibration.from_file`; ``examples/calibration/emulated-cpu.yaml`` is the
+one fitted to that runtime on the local emulated cluster) set any of the fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from spantrain.errors import SpecError
 
 __all__ = [
     "OP_OVERHEAD_S",
@@ -37,6 +58,8 @@ __all__ = [
     "MEMORY_BYTES_PER_FLOP",
     "RESERVED_BYTES",
     "Calibration",
+    "C_OP", "C_MSG", "C_STATE", "C_GRAD", "C_OPT", "C_MEMBW", "C_RESERVED", "C_OPF", "C_ITF", "C_OVERLAP", "C_LSGD",
+    "C_SPB", "C_SPW",
 ]
 
 OP_OVERHEAD_S = 0.0
@@ -73,14 +96,75 @@ class Calibration:
     reserved_bytes: float = RESERVED_BYTES
     grad_bytes_per_param: float | None = None
     """Bytes per gradient element on the wire; None = the workload's `bytes_per_element`."""
+    op_overhead_flops: float = 0.0
+    """Fixed work per compute op in FLOPs at the device's sustained rate (added to
+    `op_overhead_s` as ``op_overhead_flops / device FLOP/s``): the pipelining framework's
+    per-op Python and dispatch where the device itself runs them."""
+    iteration_overhead_flops: float = 0.0
+    """Fixed work per iteration on every device in FLOPs at its sustained rate: zeroing
+    gradients, the per-iteration bookkeeping, batch preparation."""
+    sync_overlap: bool = True
+    """True: collectives overlap the backward pass and stages run iterations back to back
+    (module docstring). False: every rank syncs after its whole schedule, in layer order,
+    then steps its optimizer, and all ranks meet at the end of each iteration; the
+    iteration lasts until the last rank is done."""
+    local_sgd_bytes_per_param: float | None = None
+    """Bytes per parameter moved at each local-SGD sync point (period > 1); None = the
+    gradient width (parameters averaged in the training precision). spantrain's runtime sums
+    the fp32 gradient and then averages weights and both AdamW moments: 4 + 12 = 16."""
+    split_input_grad_factor: float = 1.0
+    """Cost of a zero-bubble schedule's separate input-gradient op (B) relative to its FLOP
+    share of the fused backward. 1: splitting is free. torch.distributed.pipelining's split
+    walks the autograd graph twice, so B and W together cost ~1.5x the fused backward."""
+    split_weight_grad_factor: float = 1.0
+    """The same for the separate weight-gradient op (W)."""
+
+    @classmethod
+    def from_dict(cls, raw: Any, source: str = "calibration") -> Calibration:
+        """From ``{field: number}`` (a ``calibration:`` section is also accepted, other top-level
+        keys of that form are notes); every problem is reported at once in a `SpecError`."""
+        if isinstance(raw, dict) and "calibration" in raw:
+            raw = raw["calibration"]
+        if not isinstance(raw, dict):
+            raise SpecError(f"{source}: expected a mapping of calibration constants")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        problems, values = [], {}
+        for key, value in raw.items():
+            if key not in fields:
+                problems.append(f"unknown constant {key!r} (known: {', '.join(fields)})")
+            elif value is None and key in ("grad_bytes_per_param", "local_sgd_bytes_per_param"):
+                values[key] = None
+            elif isinstance(fields[key].default, bool):
+                if not isinstance(value, bool):
+                    problems.append(f"{key} must be true or false, got {value!r}")
+                values[key] = value
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
+                problems.append(f"{key} must be a finite number >= 0, got {value!r}")
+            else:
+                values[key] = float(value)
+        if problems:
+            raise SpecError(f"{source}: " + "; ".join(problems))
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Calibration:
+        """A calibration profile (YAML or JSON), e.g. ``examples/calibration/emulated-cpu.yaml``."""
+        from spantrain._spec import read_structured
+
+        return cls.from_dict(read_structured(path, SpecError), str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
     def vector(self, bytes_per_element: int) -> np.ndarray:
         """The values as the flat float64 array the compiled kernels take (order is fixed)."""
         grad = float(bytes_per_element) if self.grad_bytes_per_param is None else self.grad_bytes_per_param
+        lsgd = grad if self.local_sgd_bytes_per_param is None else self.local_sgd_bytes_per_param
         return np.array([self.op_overhead_s, self.message_overhead_s, self.state_bytes_per_param, grad,
-                         self.optimizer_bytes_per_param, self.memory_bytes_per_flop, self.reserved_bytes],
-                        dtype=np.float64)
+                         self.optimizer_bytes_per_param, self.memory_bytes_per_flop, self.reserved_bytes,
+                         self.op_overhead_flops, self.iteration_overhead_flops, float(self.sync_overlap), lsgd,
+                         self.split_input_grad_factor, self.split_weight_grad_factor], dtype=np.float64)
 
 
 # Positions in `Calibration.vector` (the kernels index it by these).
-C_OP, C_MSG, C_STATE, C_GRAD, C_OPT, C_MEMBW, C_RESERVED = range(7)
+C_OP, C_MSG, C_STATE, C_GRAD, C_OPT, C_MEMBW, C_RESERVED, C_OPF, C_ITF, C_OVERLAP, C_LSGD, C_SPB, C_SPW = range(13)

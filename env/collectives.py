@@ -20,7 +20,8 @@ Model (alpha-beta per directed device pair: `bandwidth[i, j]` bytes/s, `latency[
 
 Contention: a device's link is one resource. Collectives that share a device run one
 after another, in backward order (last layers first, as backward produces their
-gradients first, like DDP's buckets); the last of them finishes when it would under
+gradients first, like DDP's buckets; in layer order for a runtime that syncs after the
+whole schedule, ``Calibration.sync_overlap`` false); the last of them finishes when it would under
 fair bandwidth sharing, at a fraction of the cost of simulating sharing. The order is
 fixed rather than by ready time so that a slower link or device can never reorder the
 collectives into a faster sequence (the model stays monotone). Collectives on disjoint devices run concurrently; two
@@ -92,15 +93,16 @@ def collective_time(mode, nodes, nbytes, bw, lat, msg, region) -> float:
                        n, float(nbytes), n)
 
 
-def schedule_collectives(ready, duration, members, n_devices):
+def schedule_collectives(ready, duration, members, n_devices, ascending=False):
     """Start and end of each collective when those sharing a device run one after another,
-    last group first (groups are in layer order). `members[g]` lists group g's devices
-    (-1 pads); a collective starts when it is ready and all its devices are free."""
+    last group first (groups are in layer order), or first group first when `ascending` (as
+    spantrain's runtime visits them after the schedule). `members[g]` lists group g's
+    devices (-1 pads); a collective starts when it is ready and all its devices are free."""
     ready = np.ascontiguousarray(ready, dtype=np.float64)
     members = np.ascontiguousarray(members, dtype=np.int64)
     G = ready.shape[0]
     start = np.zeros(G)
     end = np.zeros(G)
     _serialize(ready, np.ascontiguousarray(duration, dtype=np.float64), members, G, members.shape[1],
-               np.zeros(int(n_devices)), start, end)
+               np.zeros(int(n_devices)), start, end, bool(ascending))
     return start, end

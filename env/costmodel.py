@@ -20,7 +20,8 @@ numbers, no `Estimate` built), skip `Plan` objects entirely with `arrays(...)` +
 - `stage_orders(plan)`: the per-stage op orders the estimate assumed (for the runtime).
 
 Compute time of layers [a, b) on device d for a micro-batch of m samples is
-m x (sum of per-sample layer times) + `Calibration.op_overhead_s`. Per-sample layer
+m x (sum of per-sample layer times) + the op overhead, `Calibration.op_overhead_s` +
+`Calibration.op_overhead_flops` / d's FLOP/s. Per-sample layer
 times are FLOPs / sustained FLOP/s, or, when the device carries measured
 `layer_times` for this workload, the measured seconds / measured batch (linear in the
 micro-batch size), with each layer's backward split into B and W in the ratio of its
@@ -38,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spantrain.cluster import Cluster
-from spantrain.env.calibration import Calibration
+from spantrain.env.calibration import C_OP, C_OPF, C_SPB, C_SPW, Calibration
 from spantrain.env.collectives import SYNC_CODES
 from spantrain.env.collectives import collective_time as _collective_time
 from spantrain.env.kernel import evaluate as _evaluate
@@ -435,12 +436,26 @@ class CostModel:
         return int(device)
 
     def compute_time(self, device: int | str, a: int, b: int, m: int) -> tuple[float, float, float]:
-        """(F, B, W) seconds of layers [a, b) on `device` for a micro-batch of m samples.
-        A fused backward takes B + W - op overhead (it pays the overhead once)."""
+        """(F, B, W) seconds of layers [a, b) on `device` for a micro-batch of m samples,
+        B and W as a zero-bubble schedule's separate ops. A fused backward takes
+        `backward_time` (B + W - op overhead unless the calibration makes splitting cost extra)."""
         d = self.device_index(device)
-        op = self.calib[0]
+        op = self.op_overhead(d)
+        c = self.calib
         tf, tb, tw = self.forward_prefix[d], self.input_grad_prefix[d], self.weight_grad_prefix[d]
-        return (m * (tf[b] - tf[a]) + op, m * (tb[b] - tb[a]) + op, m * (tw[b] - tw[a]) + op)
+        return (m * (tf[b] - tf[a]) + op, m * (tb[b] - tb[a]) * c[C_SPB] + op, m * (tw[b] - tw[a]) * c[C_SPW] + op)
+
+    def backward_time(self, device: int | str, a: int, b: int, m: int) -> float:
+        """Seconds of the fused backward (B and W in one op, as gpipe and 1f1b run it)."""
+        d = self.device_index(device)
+        tb, tw = self.input_grad_prefix[d], self.weight_grad_prefix[d]
+        return float(m * ((tb[b] - tb[a]) + (tw[b] - tw[a])) + self.op_overhead(d))
+
+    def op_overhead(self, device: int | str) -> float:
+        """Fixed seconds of every compute op on `device` (`Calibration.op_overhead_s` +
+        `op_overhead_flops` / its FLOP/s)."""
+        d = self.device_index(device)
+        return float(self.calib[C_OP] + self.calib[C_OPF] / self.flops[d])
 
     def _link(self, layer: int, src: int, dst: int, m: int) -> tuple[float, float]:
         nbytes = m * self.boundary_bytes[layer]
@@ -483,10 +498,14 @@ class CostModel:
     def pipeline_time(self, schedule: str, num_micro_batches: int, f: Sequence[float], b: Sequence[float],
                       w: Sequence[float], comm: Sequence[float] | None = None, *,
                       comm_backward: Sequence[float] | None = None, latency: Sequence[float] | None = None,
-                      latency_backward: Sequence[float] | None = None) -> PipelineTiming:
+                      latency_backward: Sequence[float] | None = None,
+                      op_overhead: Sequence[float] | None = None,
+                      fused: Sequence[float] | None = None) -> PipelineTiming:
         """Exact timing of one pipeline given per-stage op seconds and link times (the
         arguments of `spantrain.env.schedules.stage_orders`). A fused backward lasts
-        b + w - op overhead."""
+        `fused[s]` (`backward_time`), by default b + w - the op overhead of its stage
+        (`op_overhead[s]`, default `Calibration.op_overhead_s`; pass `op_overhead(device)`
+        per stage when the calibration has FLOP-based overheads)."""
         S = len(f)
         fv = np.asarray(f, dtype=np.float64)
         bv = np.asarray(b, dtype=np.float64)
@@ -500,8 +519,10 @@ class CostModel:
         cbo = vec(comm_backward, cfo)
         cfl = vec(latency, np.zeros(n))
         cbl = vec(latency_backward, cfl)
+        ov = np.full(S, self.calib[C_OP]) if op_overhead is None else np.asarray(op_overhead, dtype=np.float64)
+        bwf = bv + wv - ov if fused is None else np.asarray(fused, dtype=np.float64)
         kind, _, start, end, per = best_order(SCHEDULE_CODES[schedule], int(num_micro_batches), fv, bv, wv,
-                                              bv + wv - self.calib[0], cfo, cfl, cbo, cbl)
+                                              bwf, cfo, cfl, cbo, cbl)
         makespan = float(end[:, -1].max())
         busy = float((end - start).sum())
         peaks = []

@@ -25,14 +25,28 @@ What the kernel computes, in order:
    of its parameters' gradient bytes (`spantrain.env.collectives`), ready when the last
    op on every holder's stage has finished (the end of its last W or fused backward:
    gradients are complete only then), serialized per device in backward order;
-5. iteration = slowest pipeline + exposed sync + slowest optimizer step. A pipeline's
-   time is its steady-state period (`spantrain.env.schedules.period`: stages start
-   their next iteration when they are done, so for ZB-H2 it is shorter than the
-   makespan). A stage can start its next iteration only once the collectives of its
-   layers have ended, so the pace is set by max over stages of (last collective end -
-   first op start); exposed sync is how much that exceeds the slowest pipeline. For
-   local SGD the parameter average follows the step: its whole time divided by the
-   period is exposed.
+5. iteration = slowest pipeline + exposed sync + slowest optimizer step (+ the
+   per-iteration overhead). A pipeline's time is its steady-state period
+   (`spantrain.env.schedules.period`: stages start their next iteration when they are
+   done, so for ZB-H2 it is shorter than the makespan). A stage can start its next
+   iteration only once the collectives of its layers have ended, so the pace is set by
+   max over stages of (last collective end - first op start); exposed sync is how much
+   that exceeds the slowest pipeline. For local SGD the parameter average follows the
+   step: its whole time divided by the period is exposed.
+
+With ``Calibration.sync_overlap`` false (spantrain's runtime: every rank runs its whole
+schedule, then its collectives, then its optimizer step, and all ranks meet at the end
+of the iteration) steps 4 and 5 become: collectives are ready when all their holders'
+schedules have ended and run per device in layer order (the order every rank visits its
+holder groups); stage g is done at ``its last collective's end (or its schedule's end) +
+its optimizer step + the iteration overhead``, and the iteration lasts until the last
+stage is done (all pipelines start together, so no ZB-H2 steady-state gain). Local SGD
+with period H > 1 syncs (`Calibration.local_sgd_bytes_per_param` per parameter) once in
+H iterations: iteration = plain + (syncing - plain) / H.
+
+Compute ops pay ``op_overhead_s + op_overhead_flops / device FLOP/s`` each (a fused
+backward once, a split one twice); a split backward's B and W cost their FLOP shares of
+the fused backward times ``split_input_grad_factor`` / ``split_weight_grad_factor``.
 
 Speed (the cold path, every pipeline simulated, is what the RL environment and the
 planners mostly pay for):
@@ -57,7 +71,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from spantrain.env.calibration import C_GRAD, C_MEMBW, C_MSG, C_OP, C_OPT, C_RESERVED, C_STATE
+from spantrain.env.calibration import (
+    C_GRAD,
+    C_ITF,
+    C_LSGD,
+    C_MEMBW,
+    C_MSG,
+    C_OP,
+    C_OPF,
+    C_OPT,
+    C_OVERLAP,
+    C_RESERVED,
+    C_SPB,
+    C_SPW,
+    C_STATE,
+)
 
 __all__ = ["evaluate_plan", "evaluate", "out_size", "workspace_size", "memo_size", "memo_record", "split_out",
            "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
@@ -617,13 +645,14 @@ def _collective(mode, links, msg, region, w, i0, n, nbytes, w0):
 
 
 @njit(cache=True)
-def _serialize(ready, duration, members, G, width, free, start, end):
+def _serialize(ready, duration, members, G, width, free, start, end, ascending):
     """`schedule_collectives` for the first G groups, `width` members each, into
-    preallocated `start` / `end`; `free` (devices) is scratch."""
+    preallocated `start` / `end`; `free` (devices) is scratch. Groups are visited last
+    first, or in layer order when `ascending`."""
     for d in range(free.shape[0]):
         free[d] = 0.0
     for q in range(G):
-        g = G - 1 - q
+        g = q if ascending else G - 1 - q
         st = ready[g]
         for j in range(width):
             d = members[g, j]
@@ -754,7 +783,10 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
     P = pipe_ptr.shape[0] - 1
     NS = stage_dev.shape[0]
     L = layer.shape[1] - 1
-    op = calib[C_OP]
+    op0 = calib[C_OP]
+    opf = calib[C_OPF]
+    spb = calib[C_SPB]
+    spw = calib[C_SPW]
     msg = calib[C_MSG]
     if out.shape[0] < 7 + 6 * P + 12 * NS or memo_at.shape[0] < P:
         raise ValueError("evaluate: `out` or `memo_at` too short")
@@ -794,9 +826,10 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
             z = stage_b[g]
             db = tb[d, z] - tb[d, a]
             dw = tw[d, z] - tw[d, a]
+            op = op0 + opf / dev[0, d]
             stage_out[g, 0] = m * (tf[d, z] - tf[d, a]) + op
-            stage_out[g, 1] = m * db + op
-            stage_out[g, 2] = m * dw + op
+            stage_out[g, 1] = m * db * spb + op
+            stage_out[g, 2] = m * dw * spw + op
             if o < 0:  # to be simulated: its stage record in the workspace
                 r = s * _FR
                 x[r + _F] = stage_out[g, 0]
@@ -878,6 +911,9 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
             out[r + 4 + 3 * s] = stage_out[g0 + s, 4]
             out[r + 5 + 3 * s] = stage_out[g0 + s, 7]
 
+    overlap = calib[C_OVERLAP] != 0.0
+    # bytes per parameter of one sync: the gradient, or at a local-SGD sync point what is averaged
+    per_param = calib[C_LSGD] if sync_code == 2 and period > 1 else calib[C_GRAD]
     sync_alone = 0.0
     for g in range(NS):
         stage_out[g, 8] = stage_out[g, 3]
@@ -904,27 +940,48 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
                 if stage_out[h, 3] > r:
                     r = stage_out[h, 3]
             ready[g] = r
-            dur[g] = _collective(mode, links, msg, region, work, 0, P, (pp[hi[g]] - pp[lo[g]]) * calib[C_GRAD], P)
-        _serialize(np.zeros(G), dur, members, G, P, free, start, end_c)
+            dur[g] = _collective(mode, links, msg, region, work, 0, P, (pp[hi[g]] - pp[lo[g]]) * per_param, P)
+        _serialize(np.zeros(G), dur, members, G, P, free, start, end_c, not overlap)
         sync_alone = end_c.max()
-        if sync_code != 2:
-            _serialize(ready, dur, members, G, P, free, start, end_c)
+        if sync_code != 2 or not overlap:
+            _serialize(ready, dur, members, G, P, free, start, end_c, not overlap)
             for g in range(G):
                 for p in range(P):
                     h = holder[g, p]
                     if end_c[g] > stage_out[h, 8]:
                         stage_out[h, 8] = end_c[g]
-    # a stage repeats every (its span + the wait for its gradients' sync); the slowest sets the pace
-    cycle = pipe_max
-    for g in range(NS):
-        c = stage_out[g, 8] - stage_out[g, 7]
-        if c > cycle:
-            cycle = c
-    if sync_code == 2:
-        exposed = sync_alone / period
+    if overlap:
+        # a stage repeats every (its span + the wait for its gradients' sync); the slowest sets the pace
+        cycle = pipe_max
+        it_max = 0.0
+        for g in range(NS):
+            c = stage_out[g, 8] - stage_out[g, 7]
+            if c > cycle:
+                cycle = c
+            c = calib[C_ITF] / dev[0, stage_dev[g]]
+            if c > it_max:
+                it_max = c
+        if sync_code == 2:
+            exposed = sync_alone / period
+        else:
+            exposed = cycle - pipe_max
+        it = pipe_max + exposed + opt_max + it_max
     else:
-        exposed = cycle - pipe_max
-    it = pipe_max + exposed + opt_max
+        # every stage: schedule, its collectives, optimizer, bookkeeping; the last one ends the iteration
+        plain = 0.0
+        synced = 0.0
+        pipe_max = 0.0
+        for p in range(P):
+            if pipe_out[p, 0] > pipe_max:
+                pipe_max = pipe_out[p, 0]
+        for g in range(NS):
+            tail = stage_out[g, 6] + calib[C_ITF] / dev[0, stage_dev[g]]
+            if stage_out[g, 3] + tail > plain:
+                plain = stage_out[g, 3] + tail
+            if stage_out[g, 8] + tail > synced:
+                synced = stage_out[g, 8] + tail
+        it = plain + (synced - plain) / period if sync_code == 2 else synced
+        exposed = it - plain
     scalars[0] = it
     scalars[1] = pipe_max
     scalars[2] = sync_alone

@@ -378,8 +378,9 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
     if problems:
         raise PlanError(problems)
     cal = calibration or Calibration()
-    op_s, msg = cal.op_overhead_s, cal.message_overhead_s
+    msg = cal.message_overhead_s
     grad_bytes = float(workload.bytes_per_element) if cal.grad_bytes_per_param is None else cal.grad_bytes_per_param
+    lsgd_bytes = grad_bytes if cal.local_sgd_bytes_per_param is None else cal.local_sgd_bytes_per_param
     tables = _tables(cluster, workload)
     layers = workload.layers
     L = len(layers)
@@ -393,6 +394,8 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
     out = Trace(estimate=None, ops=[], transfers=[])  # type: ignore[arg-type]
     ends: dict[str, float] = {}
     makespans, periods, bubbles, opt_max = [], [], [], 0.0
+    opt: dict[str, float] = {}  # each device's optimizer step
+    tail: dict[str, float] = {}  # ... and its per-iteration overhead
     starts: dict[str, float] = {}
     reasons, peak_gb = [], {}
     for pipe in plan.pipelines:
@@ -404,9 +407,10 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             a, z = st.layers
             tf, tb, tw = tables[devs[s]]
             db, dw = tb[z] - tb[a], tw[z] - tw[a]
+            op_s = cal.op_overhead_s + cal.op_overhead_flops / cluster.devices[devs[s]].flops
             f.append(m * (tf[z] - tf[a]) + op_s)
-            b.append(m * db + op_s)
-            w.append(m * dw + op_s)
+            b.append(m * db * cal.split_input_grad_factor + op_s)
+            w.append(m * dw * cal.split_weight_grad_factor + op_s)
             bwf.append(m * (db + dw) + op_s)
             if s < S - 1:
                 d, e = devs[s], devs[s + 1]
@@ -447,7 +451,9 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             if need > dev.memory_bytes:
                 reasons.append(f"{dev.id} needs {need / 1e9:.1f} GB, has {dev.memory_bytes / 1e9:.1f} GB "
                                f"(short {(need - dev.memory_bytes) / 1e9:.1f} GB)")
-            opt_max = max(opt_max, p * cal.optimizer_bytes_per_param / (dev.flops * cal.memory_bytes_per_flop))
+            opt[dev.id] = p * cal.optimizer_bytes_per_param / (dev.flops * cal.memory_bytes_per_flop)
+            opt_max = max(opt_max, opt[dev.id])
+            tail[dev.id] = cal.iteration_overhead_flops / dev.flops
             ends[dev.id] = order[s][-1].end
             starts[dev.id] = order[s][0].start
         out.ops.append(order)
@@ -469,7 +475,10 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         else:
             runs.append([k, k + 1])
     mode = plan.sync.mode
-    pipe_max = max(periods)
+    period = plan.sync.period
+    overlap = cal.sync_overlap
+    pipe_max = max(periods) if overlap else max(makespans)
+    per_param = lsgd_bytes if mode == "local-sgd" and period > 1 else grad_bytes
     alone = 0.0
     done = dict(ends)  # when each device's gradients are synced
     if len(plan.pipelines) > 1:
@@ -477,7 +486,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         for lo, hi in runs:
             devices = holders[lo]
             nodes = [index[d] for d in devices]
-            nbytes = (params[hi] - params[lo]) * grad_bytes
+            nbytes = (params[hi] - params[lo]) * per_param
             if mode == "hierarchical":
                 dur = hierarchical(nodes, nbytes, bw, lat, msg, region)
             else:
@@ -486,9 +495,11 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             colls.append(Collective((lo, hi), devices, nbytes, ready, 0.0, dur))
 
         def serialize(ready_of):
+            # overlapped: backward order (last layers' gradients are ready first); else the
+            # runtime's order, each rank visiting its holder groups by first layer
             free: dict[str, float] = {}
             times = []
-            for c in sorted(colls, key=lambda c: -c.layers[0]):
+            for c in sorted(colls, key=lambda c: -c.layers[0] if overlap else c.layers[0]):
                 st = max([ready_of(c)] + [free.get(d, 0.0) for d in c.devices])
                 en = st + c.end  # c.end holds the duration until placed
                 for d in c.devices:
@@ -497,7 +508,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             return times
 
         alone = max(en for _, _, en in serialize(lambda c: 0.0))
-        if mode == "local-sgd":
+        if mode == "local-sgd" and overlap:
             placed = serialize(lambda c: 0.0)
             shift = pipe_max  # drawn after the pipelines: averaging follows the step
             out.collectives = [Collective(c.layers, c.devices, c.nbytes, shift, shift + st, shift + en)
@@ -508,11 +519,19 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
                 for d in c.devices:
                     done[d] = max(done[d], en)
             out.collectives = [Collective(c.layers, c.devices, c.nbytes, c.ready, st, en) for c, st, en in placed]
-    if mode == "local-sgd":
-        exposed = alone / plan.sync.period
+    if overlap:
+        if mode == "local-sgd":
+            exposed = alone / period
+        else:
+            exposed = max([pipe_max] + [done[d] - starts[d] for d in done]) - pipe_max
+        it = pipe_max + exposed + opt_max + max(tail.values())
     else:
-        exposed = max([pipe_max] + [done[d] - starts[d] for d in done]) - pipe_max
-    it = pipe_max + exposed + opt_max
+        # every device: schedule, its collectives, optimizer step, bookkeeping; the last one ends the iteration
+        after = {d: opt[d] + tail[d] for d in ends}
+        plain = max(ends[d] + after[d] for d in ends)
+        synced = max(done[d] + after[d] for d in ends)
+        it = plain + (synced - plain) / period if mode == "local-sgd" else synced
+        exposed = it - plain
     feasible = not reasons
     out.estimate = Estimate(iteration_s=it, samples_per_s=plan.batch / it if feasible and it > 0 else 0.0,
                             feasible=feasible, reasons=tuple(reasons), peak_memory_gb=peak_gb,

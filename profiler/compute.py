@@ -32,6 +32,8 @@ __all__ = ["ComputeProfile", "default_micro_batch", "measure_compute", "layer_fl
 
 _MIN_SEQ = 16
 _MIN_REPS, _MAX_REPS = 3, 10_000
+_SAMPLE_S, _MAX_GROUP = 0.05, 64
+"""A timed repetition groups passes to last at least this long (see `_time_layer`)."""
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -106,23 +108,40 @@ def _sync(torch, device) -> None:
 
 
 def _time_layer(torch, layer, make_input, out_grad_like, device, budget_s: float) -> tuple[float, float, int]:
-    """Median forward and backward seconds of `layer` over repetitions that fit `budget_s`."""
+    """Median forward and backward seconds of `layer` over repetitions that fit `budget_s`.
+
+    Each repetition is a group of passes lasting at least `_SAMPLE_S` together (their mean
+    counts): under a CPU quota (the emulator's cgroups) a device computes in bursts of a
+    few milliseconds, and a single short pass ran either at full speed or through a stall,
+    depending on where in the quota period it began; a median of such bimodal times put
+    identical devices up to 2.8x apart. The output gradient is drawn before the clock starts.
+    """
     fwd, bwd = [], []
     t_start = time.perf_counter()
+    group = 1
     for rep in range(_MAX_REPS + 1):
-        x = make_input()
-        layer.zero_grad(set_to_none=True)
-        _sync(torch, device)
-        t0 = time.perf_counter()
-        y = layer(x)
-        _sync(torch, device)
-        t1 = time.perf_counter()
-        y.backward(out_grad_like(y))
-        _sync(torch, device)
-        t2 = time.perf_counter()
-        if rep > 0:  # the first pass warms allocators and kernels up
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+        f_sum = b_sum = 0.0
+        for _ in range(group):
+            x = make_input()
+            layer.zero_grad(set_to_none=True)
+            _sync(torch, device)
+            t0 = time.perf_counter()
+            y = layer(x)
+            _sync(torch, device)
+            t1 = time.perf_counter()
+            grad = out_grad_like(y)
+            _sync(torch, device)
+            t2 = time.perf_counter()
+            y.backward(grad)
+            _sync(torch, device)
+            t3 = time.perf_counter()
+            f_sum += t1 - t0
+            b_sum += t3 - t2
+        if rep == 0:  # the first pass warms allocators and kernels up, and sizes the groups
+            group = max(1, min(_MAX_GROUP, math.ceil(_SAMPLE_S / max(f_sum + b_sum, 1e-6))))
+        else:
+            fwd.append(f_sum / group)
+            bwd.append(b_sum / group)
         if len(fwd) >= _MIN_REPS and time.perf_counter() - t_start > budget_s:
             break
     fwd.sort()

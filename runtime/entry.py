@@ -14,7 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "local_entry"]
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "watch_launcher",
+           "local_entry"]
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
 """Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away."""
@@ -30,8 +31,9 @@ def log_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"rank{rank}.log"
 
 
-def _watch_launcher(pid: int) -> None:
-    """Exit when the launcher is gone, so no worker outlives the run that started it."""
+def watch_launcher(pid: int) -> None:
+    """Exit when the launcher is gone, so no worker outlives the run that started it (run it in a
+    daemon thread; emulated workers share the launcher's pid space, so this works there too)."""
     while True:
         time.sleep(1.0)
         try:
@@ -58,7 +60,7 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
     # Ctrl-C reaches every process of the terminal; the launcher decides, workers stop on its SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.launcher_pid:
-        threading.Thread(target=_watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
+        threading.Thread(target=watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
 
     from spantrain.runtime.worker import StopFlag, guarded
 

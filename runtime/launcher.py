@@ -15,6 +15,13 @@ The supervisor watches every worker's exit:
   a second Ctrl-C (or the grace period running out) kills them.
 
 So a run never hangs on a dead worker, and never leaves processes behind.
+
+`launch_emulated` runs the same workers on the local emulated cluster instead
+(`spantrain.runtime.emulator`): one namespace, shaper and CPU quota per *plan* device
+(the emulator brings up only the plan's devices, rank k = the k-th device in rank order),
+each worker a fresh ``python -m spantrain.runtime.emulator.worker`` started inside them.
+Its supervision is the emulator's (the first worker that fails stops the others) plus
+the same stall watch and the same one-line failure report.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
 
-__all__ = ["launch_local", "workers_file"]
+__all__ = ["launch_local", "launch_emulated", "workers_file"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -163,36 +170,15 @@ def _stop_all(procs: list, grace: float) -> None:
 def launch_local(cfg: RunConfig, *, progress: bool = False,
                  note: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
     """Run `cfg` with one local process per plan device; the result of rank 0, or `ExecutionError`."""
-    from spantrain.plan import Plan
-
-    plan = Plan.from_dict(cfg.plan)
-    # The device each rank runs (plan order unless a mapping file says otherwise).
-    if cfg.rank_map:
-        from spantrain.runtime.rankmap import ranks_from_file
-
-        by_rank = {r: d for d, r in ranks_from_file(cfg.rank_map, plan).items()}
-        devices = [by_rank[r] for r in range(len(by_rank))]
-    else:
-        devices = plan.devices
+    cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
     world = len(devices)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [run_dir / "result.json", *(run_dir / "errors").glob("rank*.txt")]:
-        stale.unlink(missing_ok=True)
     store = run_dir / "rendezvous"
     store.unlink(missing_ok=True)
-    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid())
-    config_path = run_dir / "run_config.json"
     cfg.save(config_path)
 
     ctx = _context()
     procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
                          name=f"spantrain-rank{r}") for r in range(world)]
-    start_step = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        latest = latest_checkpoint(cfg.checkpoint_dir)
-        if latest is not None:
-            start_step = json.loads((latest / "train_state.json").read_text())["step"]
     watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress)
     try:
         with _without_main_fixup():
@@ -219,24 +205,127 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
         watcher.close()
 
     if failure is not None:
-        rank, how = failure
-        done = watcher.last_step
-        latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        where = f"after iteration {done}" if done is not None else "before the first iteration finished"
-        ckpt = (f"last checkpoint: {latest} (continue with --resume)" if latest is not None
-                else "no checkpoint was written")
-        if rank is None:
-            raise ExecutionError(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; "
-                                 f"logs in {run_dir / 'logs'}")
-        err_path = error_file(run_dir, rank)
-        detail = err_path.read_text().strip() if err_path.exists() else ""
-        raise ExecutionError(f"worker rank {rank} (device {devices[rank]}) {how} {where}"
-                             f"{': ' + detail if detail else ''}; stopped the other {world - 1} worker(s); {ckpt}; "
-                             f"logs in {run_dir / 'logs'}")
+        raise _failure_error(cfg, devices, *failure, watcher.last_step)
+    return _result(run_dir)
+
+
+def _result(run_dir: Path) -> dict[str, Any]:
     result_path = run_dir / "result.json"
     if not result_path.exists():
         raise ExecutionError(f"workers finished but rank 0 left no result in {result_path}")
     return json.loads(result_path.read_text())
+
+
+def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: str,
+                   done: int | None) -> ExecutionError:
+    """The one-line report of a failed run: who, how, when, the last checkpoint, where the logs are."""
+    run_dir = Path(cfg.run_dir)
+    world = len(devices)
+    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    where = f"after iteration {done}" if done is not None else "before the first iteration finished"
+    ckpt = (f"last checkpoint: {latest} (continue with --resume)" if latest is not None
+            else "no checkpoint was written")
+    if rank is None:
+        return ExecutionError(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; "
+                              f"logs in {run_dir / 'logs'}")
+    err_path = error_file(run_dir, rank)
+    detail = err_path.read_text().strip() if err_path.exists() else ""
+    return ExecutionError(f"worker rank {rank} (device {devices[rank]}) {how} {where}"
+                          f"{': ' + detail if detail else ''}; stopped the other {world - 1} worker(s); {ckpt}; "
+                          f"logs in {run_dir / 'logs'}")
+
+
+def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
+    """Devices in rank order, a clean run directory, the saved config, the step training starts from."""
+    from spantrain.plan import Plan
+
+    plan = Plan.from_dict(cfg.plan)
+    # The device each rank runs (plan order unless a mapping file says otherwise).
+    if cfg.rank_map:
+        from spantrain.runtime.rankmap import ranks_from_file
+
+        by_rank = {r: d for d, r in ranks_from_file(cfg.rank_map, plan).items()}
+        devices = [by_rank[r] for r in range(len(by_rank))]
+    else:
+        devices = plan.devices
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [run_dir / "result.json", *(run_dir / "errors").glob("rank*.txt")]:
+        stale.unlink(missing_ok=True)
+    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid())
+    start_step = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        latest = latest_checkpoint(cfg.checkpoint_dir)
+        if latest is not None:
+            start_step = json.loads((latest / "train_state.json").read_text())["step"]
+    return cfg, devices, run_dir, run_dir / "run_config.json", start_step
+
+
+def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "auto", progress: bool = False,
+                    note: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+    """Run `cfg` on the local emulated cluster, one worker per plan device; the result of rank 0.
+
+    `cpus`: cores the *whole* cluster's devices share in proportion to their TFLOP/s (default
+    all), so each device gets the quota it has in ``spantrain profile --cluster`` with the
+    same `cpus`, whichever devices the plan uses. `mode`: the emulator's (auto, netns, local).
+    """
+    from spantrain.cluster import Cluster
+    from spantrain.errors import EmulationError
+    from spantrain.runtime.emulator import EmulatedCluster
+
+    cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
+    # Pin rank k to the k-th emulated device: the spec's host records (if any) name other hosts.
+    rank_map = run_dir / "rank_map.json"
+    rank_map.write_text(json.dumps(devices) + "\n")
+    cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
+    cfg.save(config_path)
+    cluster = Cluster.from_spec(cfg.cluster_spec, "cluster")
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress)
+    stall_limit = cfg.timeout_s + _STALL_MARGIN_S
+    stalled = False
+
+    def stop_when() -> bool:
+        nonlocal stalled
+        watcher.poll()
+        stalled = time.monotonic() - watcher.last_change > stall_limit
+        return stalled
+
+    command = [sys.executable, "-m", "spantrain.runtime.emulator.worker", str(config_path)]
+    try:
+        with EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note) as emu:
+            for line in emu.describe():
+                note(line)
+            results = emu.run(command, echo=False, log_dir=run_dir / "logs", stop_when=stop_when)
+    except EmulationError as e:
+        raise ExecutionError(f"emulated run: {e}") from None
+    finally:
+        watcher.poll()
+        watcher.close()
+    if stalled:
+        raise _failure_error(cfg, devices, None, f"completed no iteration for {stall_limit:.0f} s "
+                             "(stalled; see --timeout)", watcher.last_step)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise _failure_error(cfg, devices, *_blame_emulated(results, cfg), watcher.last_step)
+    return _result(run_dir)
+
+
+def _blame_emulated(results: list, cfg: RunConfig) -> tuple[int, str]:
+    """The worker to name when an emulated run failed (the rules of `_blame`): one killed on its own,
+    else one with an error of its own; when every failure only says a peer went away or timed out,
+    the one the emulator had to stop, still running after the others gave up."""
+    own = [r for r in results if not r.ok and not r.stopped]
+    if own and all(r.returncode > 0 and _secondary(cfg.run_dir, r.rank) for r in own):
+        hung = [r for r in results if r.stopped]
+        if hung:
+            return hung[0].rank, "stopped responding (the others timed out or lost the connection waiting for it)"
+    candidates = own or [r for r in results if not r.ok]
+
+    def key(r) -> tuple[int, float, int]:
+        return (0 if r.returncode < 0 else 2 if _secondary(cfg.run_dir, r.rank) else 1, r.seconds, r.rank)
+
+    worst = min(candidates, key=key)
+    return worst.rank, _describe_exit(worst.returncode)
 
 
 def _secondary(run_dir: str, rank: int) -> bool:

@@ -3,8 +3,10 @@ transfers between pipeline stages, and the collectives of the data-parallel sync
 
 Keeping them in one place gives one spot to time them (the metrics' "waiting on
 transfers") and one spot to shape them: under the local emulated cluster
-(``SPANTRAIN_EMULATION`` set) every send first waits its link's latency and every
-collective its ring latency, as `spantrain.runtime.emulator.latency` prescribes.
+(``SPANTRAIN_EMULATION`` set) every send reaches the wire its link's latency later (on a
+thread per peer, `spantrain.runtime.emulator.delayed`: the sending stage computes on, as
+over a real link) and every collective first waits its ring latency, as
+`spantrain.runtime.emulator.latency` prescribes.
 
 `torch.distributed.pipelining` issues its stage-to-stage transfers through two
 module-level helpers, `_batch_p2p` and `_wait_batch_p2p`; `Transport.install` routes them
@@ -68,12 +70,17 @@ class Transport:
         self.stats = TransferStats()
         self._installed = False
         self._emulation = None
+        self._delayed = None
         if os.environ.get("SPANTRAIN_EMULATION"):
             # Running on the local emulated cluster: it shapes bandwidth in the kernel and leaves
             # per-message latency to the sender (contract in spantrain.runtime.emulator.latency).
+            # Sends are delayed on a thread per peer, so latency postpones their arrival without
+            # holding this stage's compute (as a real link does).
             from spantrain.runtime.emulator import latency
+            from spantrain.runtime.emulator.delayed import DelayedSends
 
             self._emulation = latency
+            self._delayed = DelayedSends(latency.current(), dist.get_rank())
 
     # ---- setup ---------------------------------------------------------------------------------
 
@@ -103,7 +110,12 @@ class Transport:
         self._installed = True
 
     def close(self) -> None:
-        """Leave the process group (every rank at the end of its run)."""
+        """Leave the process group (every rank at the end of its run), after any delayed sends."""
+        if self._delayed is not None:
+            try:
+                self._delayed.flush()
+            finally:
+                self._delayed.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -115,12 +127,14 @@ class Transport:
         for op in ops:
             if op.op is dist.isend:
                 nbytes = op.tensor.numel() * op.tensor.element_size()
-                if self._emulation is not None:
-                    t0 = time.perf_counter()
-                    self._emulation.delay_before_send(dist.get_rank(), dist.get_global_rank(op.group, op.group_peer),
-                                                      nbytes)
-                    self.stats.p2p_wait_s += time.perf_counter() - t0
-                works.append(dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
+                if self._delayed is not None:
+                    # A private copy: the caller may reuse the tensor once its wait returns (at once).
+                    payload = op.tensor.detach().clone()
+                    works.append(self._delayed.submit(
+                        dist.get_global_rank(op.group, op.group_peer), nbytes,
+                        lambda t=payload, op=op: dist.isend(t, group=op.group, tag=op.tag, group_dst=op.group_peer)))
+                else:
+                    works.append(dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
                 self.stats.bytes_sent += nbytes
             elif op.op is dist.irecv:
                 works.append(dist.irecv(op.tensor, group=op.group, tag=op.tag, group_src=op.group_peer))

@@ -53,14 +53,27 @@ class EmulatedCluster:
 
     def __init__(self, cluster: Cluster | str | Path, *, cpus: float | None = None, mode: str = "auto",
                  bandwidth_scale: float | str = 1.0, max_gbps: float = 1.0, cpu_limits: bool = True,
-                 master_port: int = 29500, log: Callable[[str], None] = _stderr):
+                 master_port: int = 29500, log: Callable[[str], None] = _stderr,
+                 devices: Sequence[str] | None = None):
+        """`devices`: bring up only these devices of `cluster`, in this order (rank k runs
+        ``devices[k]``; a training run passes its plan's devices). Their CPU quotas and
+        bandwidths stay what emulating the whole cluster gives them (`cpus` is shared by the
+        whole cluster), so a device computes at the same speed whichever subset runs, and
+        a profile of the whole cluster describes it."""
         if mode not in MODES:
             raise EmulationError(f"unknown mode {mode!r} (choose {', '.join(MODES)})")
-        self.cluster = cluster if isinstance(cluster, Cluster) else Cluster.from_file(cluster)
+        full = cluster if isinstance(cluster, Cluster) else Cluster.from_file(cluster)
+        if devices is not None:
+            devices = list(devices)
+            unknown = [d for d in devices if d not in set(full.ids)]
+            if unknown or len(set(devices)) != len(devices) or not devices:
+                raise EmulationError(f"cannot emulate devices {devices} of cluster {full.name!r}: "
+                                     + (f"unknown {', '.join(unknown)}" if unknown else "empty or repeated"))
+        self.cluster = full if devices is None else full.subset(devices)
         self.cores = float(cpus if cpus is not None else (os.cpu_count() or 1))
         self.requested_mode = mode
         if bandwidth_scale == "fit":
-            self.limits = shaping.RateLimits.fit(self.cluster, max_gbps)
+            self.limits = shaping.RateLimits.fit(full, max_gbps)  # the whole cluster: same rates for any subset
         elif isinstance(bandwidth_scale, str):
             raise EmulationError(f"bandwidth scale must be a number or 'fit', got {bandwidth_scale!r}")
         else:
@@ -74,8 +87,12 @@ class EmulatedCluster:
         self.cpu_limited = False
         self.emulation: Emulation | None = None
         self.emulation_file: Path | None = None
-        self.shares = cpu.cpu_shares([d.tflops for d in self.cluster.devices], self.cores)
-        self.period_us = cpu.period_us(self.shares)
+        full_shares = cpu.cpu_shares([d.tflops for d in full.devices], self.cores)
+        self.shares = [full_shares[full.index(d.id)] for d in self.cluster.devices]
+        """Cores of each emulated device (rank order)."""
+        self.cores_per_tflops = self.cores / float(full.tflops.sum())
+        self.period_us = [cpu.period_us(x) for x in self.shares]
+        """CFS period of each emulated device (rank order)."""
         self._old_handlers: dict[int, object] = {}
 
     # ---- life cycle ------------------------------------------------------------------------------
@@ -123,8 +140,10 @@ class EmulatedCluster:
     # ---- running -------------------------------------------------------------------------------
 
     def run(self, command: Sequence[str], *, timeout_s: float | None = None, echo: bool = True,
-            log_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> list[DeviceResult]:
-        """Run `command` once per device (rank order) and wait for all; the first failure stops the rest."""
+            log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
+            stop_when: Callable[[], bool] | None = None) -> list[DeviceResult]:
+        """Run `command` once per device (rank order) and wait for all; the first failure stops the rest,
+        and so does `stop_when()` returning true (polled while they run)."""
         if self.names is None or self.emulation is None:
             raise EmulationError("the emulated cluster is not set up (use it in a `with` block)")
         if not command:
@@ -146,7 +165,7 @@ class EmulatedCluster:
             for p in procs:
                 p.result()
             raise
-        return wait_all(procs, timeout_s)
+        return wait_all(procs, timeout_s, stop_when)
 
     def device_env(self, rank: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of device `rank`'s process: torchrun's variables plus the emulation's."""
@@ -184,8 +203,9 @@ class EmulatedCluster:
                  f"{' (kernel shaping)' if emu.kernel_shaping else ' (no kernel shaping: transport only)'}"]
         if self.cpu_limited:
             total = sum(d.tflops for d in self.cluster.devices)
-            lines.append(f"emulator: CPU quota {self.cores:g} cores over {total:g} spec TFLOP/s = "
-                         f"{self.cores / total:.4g} cores per TFLOP/s (period {self.period_us} us); every device "
+            lines.append(f"emulator: CPU quota {sum(self.shares):.4g} cores over {total:g} spec TFLOP/s = "
+                         f"{self.cores_per_tflops:.4g} cores per TFLOP/s (periods {min(self.period_us) / 1e3:g}-"
+                         f"{max(self.period_us) / 1e3:g} ms); every device "
                          f"is slowed by the same factor, spec-seconds = real-seconds x (real TFLOP/s / spec TFLOP/s)")
         else:
             lines.append("emulator: no CPU quotas (devices share the machine's cores freely)")
@@ -193,9 +213,11 @@ class EmulatedCluster:
         emulated = np.array(emu.emulated_gbps, dtype=float)
         off = ~np.eye(len(spec), dtype=bool)
         clamped = int(np.sum(spec[off] * self.limits.scale > self.limits.max_gbps * (1 + 1e-9)))
+        rates = (f"{np.nanmin(emulated[off]) * 1e3:.3g}-{np.nanmax(emulated[off]) * 1e3:.3g} Mbit/s" if off.any()
+                 else "no links (one device)")
         lines.append(f"emulator: bandwidth = min(spec x {self.limits.scale:.4g}, {self.limits.max_gbps:g} Gbit/s), "
-                     f"{np.nanmin(emulated[off]) * 1e3:.3g}-{np.nanmax(emulated[off]) * 1e3:.3g} Mbit/s"
-                     + (f"; {clamped} of {int(off.sum())} directed pairs clamped to the cap" if clamped else ""))
+                     + rates + (f"; {clamped} of {int(off.sum())} directed pairs clamped to the cap"
+                                if clamped else ""))
         lines.append(f"emulator: latency injected by the transport per message ({ENV_VAR}={self.emulation_file})")
         return lines
 
@@ -246,7 +268,7 @@ class EmulatedCluster:
             self.log(f"emulator: no CPU quotas ({reason}): devices share the cores freely")
             return
         assert self.names is not None
-        cpu.create_groups(self.names.cgroup, self.shares, self.period_us)
+        cpu.create_groups(self.names.cgroup, self.shares)
         self.cpu_limited = True
 
     def _write_emulation(self) -> None:
@@ -270,7 +292,7 @@ class EmulatedCluster:
             cluster=c.name, run_id=self.names.run_id, kernel_shaping=netns_mode,
             bandwidth_scale=self.limits.scale, max_gbps=self.limits.max_gbps,
             master_addr=addrs[0], master_port=self.master_port if netns_mode else _free_port(),
-            cpu={"cores": self.cores, "cores_per_tflops": self.cores / float(c.tflops.sum()),
+            cpu={"cores": round(sum(self.shares), 6), "cores_per_tflops": self.cores_per_tflops,
                  "period_us": self.period_us, "limited": self.cpu_limited},
             devices=devices, latency=c.latency.tolist(), spec_gbps=matrix(spec), emulated_gbps=matrix(emulated))
         self.emulation_file = self.names.run_dir / "emulation.json"

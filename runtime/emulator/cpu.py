@@ -9,9 +9,11 @@ measures the resulting real TFLOP/s.
 
 CFS enforces a quota per period: a device that used its share sleeps until the next
 period starts. A long period (the kernel's default 100 ms) would stall a throttled
-device's messages for up to ~100 ms, which the profiler would read as latency, so the
-period is short (10 ms) unless the smallest share needs a longer one: the kernel's
-minimum quota is 1 ms.
+device's messages for up to ~100 ms, which the profiler would read as latency, so a
+device's period is short, `MIN_PERIOD_US` (10 ms), unless its share needs a longer one for
+the kernel's 1 ms minimum quota. Not shorter: with 2-3.5 ms periods, devices on a machine
+busy with other work got 13-16 % less than their quotas (a quota must then be used within
+a short window while other tasks compete for the core); at 10 ms they got them exactly.
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ from pathlib import Path
 
 from spantrain.errors import EmulationError
 
-__all__ = ["CGROUP_CPU", "cpu_shares", "period_us", "unavailable_reason", "create_groups", "group_pids",
-           "remove_tree"]
+__all__ = ["CGROUP_CPU", "MIN_PERIOD_US", "cpu_shares", "period_us", "unavailable_reason", "create_groups",
+           "group_pids", "remove_tree"]
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 """Mount point of the cgroup v1 cpu controller."""
 
 _MIN_QUOTA_US = 1000
-_SHORT_PERIOD_US = 10_000
+MIN_PERIOD_US = 10_000
+"""Shortest CFS period given to a device (module docstring)."""
 _MAX_PERIOD_US = 1_000_000
 
 
@@ -45,11 +48,11 @@ def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
     return [float(cores * t / total) for t in tflops]
 
 
-def period_us(shares: Sequence[float]) -> int:
-    """A CFS period short enough for smooth throttling, long enough for the smallest share's quota."""
-    smallest = min(shares)
-    needed = math.ceil(_MIN_QUOTA_US / smallest) if smallest > 0 else _MAX_PERIOD_US
-    return int(min(_MAX_PERIOD_US, max(_SHORT_PERIOD_US, needed)))
+def period_us(share: float) -> int:
+    """The CFS period of a device with `share` cores: `MIN_PERIOD_US`, or longer when its quota would be
+    below the kernel's 1 ms minimum."""
+    needed = math.ceil(_MIN_QUOTA_US / share) if share > 0 else _MAX_PERIOD_US
+    return int(min(_MAX_PERIOD_US, max(MIN_PERIOD_US, needed)))
 
 
 def unavailable_reason(root: Path = CGROUP_CPU) -> str | None:
@@ -63,8 +66,8 @@ def unavailable_reason(root: Path = CGROUP_CPU) -> str | None:
     return None
 
 
-def create_groups(root: Path, shares: Sequence[float], period: int) -> list[Path]:
-    """The run's cgroup `root` with one child ``d<k>`` per device: quota `shares[k]` cores per `period` us.
+def create_groups(root: Path, shares: Sequence[float]) -> list[Path]:
+    """The run's cgroup `root` with one child ``d<k>`` per device: quota `shares[k]` cores per `period_us` of it.
 
     A quota is a cap, not a guarantee: when other work keeps the machine busy the devices
     get less than their quotas, and plain CFS would then split the CPU evenly between
@@ -83,6 +86,7 @@ def create_groups(root: Path, shares: Sequence[float], period: int) -> list[Path
             path = root / f"d{k}"
             path.mkdir(exist_ok=True)
             (path / "cpu.shares").write_text(str(max(2, round(1024 * cores / mean))))
+            period = period_us(cores)
             (path / "cpu.cfs_period_us").write_text(str(period))
             (path / "cpu.cfs_quota_us").write_text(str(max(_MIN_QUOTA_US, round(cores * period))))
             paths.append(path)

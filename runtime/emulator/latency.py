@@ -14,10 +14,10 @@ torch.distributed. The contract, version 1:
   kernel enforces ``emulated_gbps``; false: the fallback without namespaces, where
   `delay_before_send` also waits ``nbytes / bandwidth``); ``bandwidth_scale`` and
   ``max_gbps`` (emulated = min(spec x scale, max)); ``master_addr``, ``master_port``;
-  ``cpu`` (``cores``: cores shared by the devices, ``cores_per_tflops``, ``period_us``,
-  ``limited``: whether cgroup quotas are in force); ``devices``: one entry per rank, in
-  rank order, ``{rank, id, region, address, namespace, host, cpu_cores, tflops,
-  memory_gb}``; ``latency_s``: one-way seconds ``[src_rank][dst_rank]`` (0 on the
+  ``cpu`` (``cores``: cores shared by the devices, ``cores_per_tflops``, ``period_us``: the
+  CFS period of each device in rank order, ``limited``: whether cgroup quotas are in
+  force); ``devices``: one entry per rank, in rank order, ``{rank, id, region, address,
+  namespace, host, cpu_cores, tflops, memory_gb}``; ``latency_s``: one-way seconds ``[src_rank][dst_rank]`` (0 on the
   diagonal), exactly the spec's latency array; ``spec_gbps`` and ``emulated_gbps``:
   ``[src][dst]`` Gbit/s, ``null`` on the diagonal.
 - **Helpers**: `latency_s(src, dst)`, `delay_before_send(src, dst, nbytes=0)` (sleeps the
@@ -28,9 +28,12 @@ torch.distributed. The contract, version 1:
   link, since nothing else shapes collectives there), `current()` (the parsed file or
   None). Ranks are global torch.distributed ranks, i.e. positions in ``devices``.
 
-A blocking sleep per message is the simple, conservative reading of latency: messages to
-the same peer issued back to back each pay it. A transport that pipelines sends can
-instead schedule each send at ``now + latency_s(...)`` on a worker thread.
+`delay_before_send` blocks the caller for the latency: right for a ping-pong (the profiler),
+wrong for a training stage, which on a real network goes on computing while its message
+travels. The runtime's transport therefore hands its sends to
+`spantrain.runtime.emulator.delayed.DelayedSends`, which issues each one at ``hand-over +
+latency_s(...)`` on a thread per destination (the arrival time of a real link) and never
+holds the sender.
 
 This module imports only the standard library: the transport imports it on every rank.
 """

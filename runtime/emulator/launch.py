@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -154,15 +154,20 @@ def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM) -> Non
         p.signal(signal.SIGKILL)
 
 
-def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None) -> list[DeviceResult]:
-    """Wait for every device; the first failure (or the timeout) stops the rest."""
+def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
+             stop_when: Callable[[], bool] | None = None) -> list[DeviceResult]:
+    """Wait for every device; the first failure (or the timeout) stops the rest.
+
+    `stop_when`, polled about every 50 ms, lets the caller stop every device early (a run
+    that stopped making progress, say); the devices it stops come back with ``stopped``.
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, 0) for c in codes):
+            if any(c not in (None, 0) for c in codes) or (stop_when is not None and stop_when()):
                 stop_all(procs)
                 break
             if deadline is not None and time.monotonic() > deadline:

@@ -2,7 +2,9 @@
 
 Local runs start one process per plan device on this machine; under torchrun (one process
 per device, any number of nodes) every process runs this same command and becomes the rank
-torchrun gave it. Every input is checked before any process starts.
+torchrun gave it; with ``--emulate`` the plan's devices run on the local emulated cluster
+(their own namespaces, link shaping and CPU quotas, `spantrain.runtime.emulator`). Every
+input is checked before any process starts.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ def register(p: argparse.ArgumentParser) -> None:
                    "order; local runs: plan order)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--emulate", action="store_true",
+                   help="run the plan's devices on the local emulated cluster of --cluster: one network namespace, "
+                   "bandwidth shaper and CPU quota per device, latency added per message (needs root; otherwise "
+                   "plain processes with the network emulated in the transport)")
+    p.add_argument("--emulate-cpus", type=float, metavar="N",
+                   help="with --emulate: cores the whole cluster's devices share in proportion to their TFLOP/s, as "
+                   "in `spantrain profile --cluster C --cpus N` (default: all cores)")
+    p.add_argument("--emulate-mode", choices=("auto", "netns", "local"), default="auto",
+                   help="with --emulate: netns (namespaces or fail), local (plain processes), auto (default)")
     add_json_arg(p)
     p.set_defaults(func=_run)
 
@@ -84,6 +95,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--timeout must be > 0, got {args.timeout}")
     if args.checkpoint_every and not args.checkpoint_dir:
         raise ExecutionError("--checkpoint-every needs --checkpoint-dir")
+    if not args.emulate and (args.emulate_cpus is not None or args.emulate_mode != "auto"):
+        raise ExecutionError("--emulate-cpus and --emulate-mode only apply with --emulate")
+    if args.emulate_cpus is not None and not args.emulate_cpus > 0:
+        raise ExecutionError(f"--emulate-cpus must be > 0, got {args.emulate_cpus:g}")
+    if args.emulate and under_torchrun():
+        raise ExecutionError("--emulate starts its own processes: run it directly, not under torchrun")
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload):
@@ -154,14 +171,17 @@ def _run(args: argparse.Namespace) -> int:
     else:
         world = len(plan.devices)
         cores = cpu_cores()
-        if world > cores:
+        if world > cores and not args.emulate:
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
-        from spantrain.runtime.launcher import launch_local
+        from spantrain.runtime.launcher import launch_emulated, launch_local
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
         try:
-            result = launch_local(cfg, progress=show)
+            if args.emulate:
+                result = launch_emulated(cfg, cpus=args.emulate_cpus, mode=args.emulate_mode, progress=show)
+            else:
+                result = launch_local(cfg, progress=show)
         except KeyboardInterrupt:
             # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
             partial = run_dir / "result.json"
@@ -169,9 +189,11 @@ def _run(args: argparse.Namespace) -> int:
                 _report(json.loads(partial.read_text()), args.json)
             raise
         result["cpu_cores"] = cores
-        result["oversubscribed"] = world > cores
+        result["oversubscribed"] = world > cores and not args.emulate
+        result["emulated"] = bool(args.emulate)
     _report(result, args.json)
     return 0
+
 
 
 def _run_torchrun(cfg) -> dict[str, Any] | None:

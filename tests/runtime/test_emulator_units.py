@@ -143,8 +143,9 @@ def test_rate_limits_scale_and_cap(cluster):
 def test_cpu_shares_follow_tflops_and_fit_the_cores():
     shares = cpu.cpu_shares([30, 30, 10], cores=2.0)
     assert sum(shares) == pytest.approx(2.0) and shares[0] / shares[2] == pytest.approx(3.0)
-    assert cpu.period_us([0.5, 0.5]) == 10_000  # short period for smooth throttling
-    assert cpu.period_us([0.02]) == 50_000  # long enough for the kernel's 1 ms minimum quota
+    assert cpu.period_us(0.5) == cpu.period_us(2.0) == 10_000  # short period for smooth throttling
+    assert cpu.period_us(0.02) == 50_000  # long enough for the kernel's 1 ms minimum quota
+    assert cpu.period_us(0.0005) == 1_000_000
     with pytest.raises(EmulationError):
         cpu.cpu_shares([1.0], cores=0)
 

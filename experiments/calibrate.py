@@ -1,0 +1,365 @@
+"""Calibrate the cost model against real training on local emulated clusters.
+
+For each cluster of the suite (``examples/calibration/suite.yaml``):
+
+1. profile it: ``spantrain profile --cluster SPEC --cpus N`` on the emulator, which writes
+   a measured spec (per-layer times of the model on every device under its CPU quota,
+   every pair's bandwidth and latency);
+2. predict every plan with the cost model fed by that measured spec and the calibration
+   profile (``--calibration``, default ``examples/calibration/emulated-cpu.yaml``), and
+   also with the uncalibrated defaults, to show what calibration changed;
+3. run every plan: ``spantrain run --emulate`` on the same emulated cluster, `steps`
+   iterations, `repeats` times (plans take turns, so slow phases of a loaded machine hit
+   all alike); the measured figure is the median over repeats of each run's steady-state
+   step time (the median after the warm-up iterations; for local SGD with period H, the
+   median of H-step windows' means, since sync iterations are slower than the others).
+
+Reported per plan: predicted and measured seconds per iteration and the relative error;
+overall: mean absolute percentage error (MAPE), the largest error, and per cluster
+whether the ranking is preserved (the plan predicted to have the highest samples/s is
+measured fastest or within 5 % of it). A rich table on stdout, or with ``--json`` one
+object; the raw measurements, the scatter plot of predicted against measured and the
+JSON go to ``--out`` (``experiments/results/``: ``calibration[-quick].{json,png}``); W&B
+gets the config, the table, the summary and the plot (offline unless logged in).
+
+``--measurements FILE`` re-predicts stored measurements (a previous run's JSON) with the
+current cost model and calibration, without running anything: how a model change was
+checked against the same measured runs. ``--fit NAMES`` fits those constants to the
+measurements (`calibrate_fit`), reports with them and prints a leave-one-cluster-out check;
+the values go into the calibration file by hand, with their documentation. ``--quick``
+runs the suite's smoke subset.
+
+Usage: python experiments/calibrate.py [--json] [--quick] [--suite FILE] [--calibration FILE]
+       [--out DIR] [--measurements FILE] [--fit NAMES] [--repeats N] [--steps N] [--track/--no-track]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spantrain.experiments.calibrate_report import (
+    cluster_summary,
+    plan_row,
+    print_table,
+    scatter_plot,
+    suite_summary,
+)
+
+__all__ = ["PlanCase", "ClusterCase", "Suite", "load_suite", "steady_step_s", "predict", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "examples" / "calibration" / "suite.yaml"
+CALIBRATION = ROOT / "examples" / "calibration" / "emulated-cpu.yaml"
+RESULTS = ROOT / "experiments" / "results"
+
+
+# ---- the suite -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanCase:
+    name: str
+    plan: dict[str, Any]
+    """Plan-file dict."""
+
+
+@dataclass(frozen=True)
+class ClusterCase:
+    spec: Path
+    plans: list[PlanCase]
+
+
+@dataclass(frozen=True)
+class Suite:
+    model: str
+    cpus: float
+    steps: int
+    warmup: int
+    repeats: int
+    clusters: list[ClusterCase]
+    profile_budget_s: float = 60.0
+
+
+def _plan_dict(name: str, compact: Any) -> dict[str, Any]:
+    """``[schedule, sync, period, [[mbs, nmb, [[device, first, end], ...]], ...]]`` -> a plan dict."""
+    try:
+        schedule, sync, period, pipes = compact
+        return {"schedule": schedule, "sync": {"mode": sync, "period": int(period)},
+                "pipelines": [{"micro_batch_size": int(mbs), "num_micro_batches": int(nmb),
+                               "stages": [{"devices": [d], "layers": [int(a), int(b)]} for d, a, b in stages]}
+                              for mbs, nmb, stages in pipes]}
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"calibrate: plan {name!r} is not [schedule, sync, period, pipelines]: {e}") from None
+
+
+def load_suite(path: Path = SUITE, quick: bool = False) -> Suite:
+    """The suite file (format in its header); `quick`: its smoke subset."""
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text())
+    base = Path(path).parent
+    clusters = [ClusterCase(spec=base / c["spec"], plans=[PlanCase(n, _plan_dict(n, p)) for n, p in c["plans"].items()])
+                for c in raw["clusters"]]
+    suite = Suite(model=raw["model"], cpus=float(raw["cpus"]), steps=int(raw["steps"]), warmup=int(raw["warmup"]),
+                  repeats=int(raw["repeats"]), clusters=clusters,
+                  profile_budget_s=float(raw.get("profile_budget_s", Suite.profile_budget_s)))
+    if not quick:
+        return suite
+    q = raw["quick"]
+    case = next(c for c in clusters if c.spec.name == q["cluster"])
+    plans = [p for p in case.plans if p.name in set(q["plans"])]
+    return Suite(model=suite.model, cpus=float(q.get("cpus", suite.cpus)), steps=int(q["steps"]),
+                 warmup=int(q["warmup"]), repeats=int(q["repeats"]), clusters=[ClusterCase(case.spec, plans)],
+                 profile_budget_s=float(q["profile_budget_s"]))
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+
+
+def _spantrain(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "spantrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")})
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise SystemExit(f"calibrate: `spantrain {' '.join(args[:3])} ...` failed ({proc.returncode}): {tail[0]}")
+    return proc
+
+
+def profile_cluster(spec: Path, suite: Suite, out: Path) -> dict[str, Any]:
+    """Profile `spec` on the emulator; the measured spec (as a dict) and the profiler's document."""
+    import yaml
+
+    proc = _spantrain("profile", "--cluster", str(spec), "--cpus", str(suite.cpus), "--model", suite.model,
+                      "--budget-s", str(suite.profile_budget_s), "-o", str(out), "--json", timeout=600)
+    return {"spec": yaml.safe_load(out.read_text()), "document": json.loads(proc.stdout)}
+
+
+def steady_step_s(step_s: list[float], warmup: int, period: int = 1) -> float:
+    """Steady-state seconds per iteration of one run: the median, after `warmup` iterations, of the
+    means of aligned `period`-iteration windows (each holds one local-SGD sync iteration)."""
+    import statistics
+
+    first = -(-warmup // period) * period  # the first window starts on a period boundary
+    windows = [step_s[k:k + period] for k in range(first, len(step_s) - period + 1, period)]
+    if not windows:
+        raise ValueError(f"{len(step_s)} iterations leave no steady-state window after {warmup} warm-up")
+    return statistics.median(sum(w) / period for w in windows)
+
+
+def run_plan(spec: Path, case: PlanCase, suite: Suite, work: Path, repeat: int) -> dict[str, Any]:
+    """One emulated run of a plan: its per-iteration seconds, load average and steady-state figure."""
+    plan_path = work / f"{case.name}.plan.json"
+    plan_path.write_text(json.dumps(case.plan))
+    run_dir = work / f"{case.name}-{repeat}"
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    _spantrain("run", "--emulate", "--emulate-mode", "netns", "--emulate-cpus", str(suite.cpus), "--cluster",
+               str(spec), "--model", suite.model, "--plan", str(plan_path), "--steps", str(suite.steps),
+               "--run-dir", str(run_dir), "--no-progress", "--json", timeout=900)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "step_s" in r]
+    steps = [r["step_s"] for r in records]
+    period = case.plan["sync"]["period"] if case.plan["sync"]["mode"] == "local-sgd" else 1
+    return {"step_s": steps, "steady_s": steady_step_s(steps, suite.warmup, period), "wall_s": time.monotonic() - t0,
+            "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg()),
+            "ranks": _rank_medians(records[suite.warmup:])}
+
+
+def _rank_medians(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank, the median over steady-state iterations of its compute, transfer-wait, sync and CPU seconds."""
+    import statistics
+
+    keys = ("compute_s", "p2p_wait_s", "sync_s", "cpu_s")
+    return [{"device": r["device"], **{k: statistics.median(rec["ranks"][i][k] for rec in records) for k in keys}}
+            for i, r in enumerate(records[0]["ranks"])] if records else []
+
+
+# ---- predicting ----------------------------------------------------------------------------------
+
+
+def predict(profiled_spec: dict[str, Any], model: str, plan: dict[str, Any], calibration) -> dict[str, Any]:
+    """The cost model's estimate of `plan` on the measured cluster."""
+    from spantrain.cluster import Cluster
+    from spantrain.env.costmodel import CostModel
+    from spantrain.plan import Plan
+    from spantrain.workload import load_workload
+
+    cluster = Cluster.from_spec(profiled_spec, "profiled spec")
+    est = CostModel(cluster, load_workload(model), calibration, memo=False).estimate(Plan.from_dict(plan, "plan"))
+    return {"iteration_s": est.iteration_s, "pipeline_s": list(est.pipeline_s), "sync_s": est.sync_s,
+            "exposed_comm_s": est.exposed_comm_s, "optimizer_s": est.optimizer_s}
+
+
+# ---- the whole suite -----------------------------------------------------------------------------
+
+
+def measure(suite: Suite, work: Path, log) -> dict[str, Any]:
+    """Profile every cluster and run every plan `repeats` times; the raw measurements."""
+    out: dict[str, Any] = {"model": suite.model, "cpus": suite.cpus, "steps": suite.steps, "warmup": suite.warmup,
+                           "repeats": suite.repeats, "clusters": []}
+    for c in suite.clusters:
+        cwork = work / c.spec.stem
+        cwork.mkdir(parents=True, exist_ok=True)
+        log(f"calibrate: profiling {c.spec.name} (load average {os.getloadavg()[0]:.2f})")
+        prof = profile_cluster(c.spec, suite, cwork / "profiled.yaml")
+        runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in c.plans}
+        for r in range(suite.repeats):
+            for p in c.plans:
+                res = run_plan(c.spec, p, suite, cwork, r)
+                runs[p.name].append(res)
+                log(f"calibrate: {c.spec.stem}/{p.name} run {r + 1}/{suite.repeats}: {res['steady_s']:.3f} s/it "
+                    f"(load {res['loadavg_before'][0]:.2f})")
+        out["clusters"].append({"spec": str(c.spec.relative_to(ROOT) if c.spec.is_relative_to(ROOT) else c.spec),
+                                "spec_data": _read_spec(c.spec), "profile": prof,
+                                "plans": [{"name": p.name, "plan": p.plan, "runs": runs[p.name]} for p in c.plans]})
+    return out
+
+
+def _read_spec(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def evaluate(measured: dict[str, Any], calibration, with_default: bool = True) -> dict[str, Any]:
+    """Predictions (with `calibration`, and with the built-in defaults unless `with_default` is
+    false) against the measurements, with the summary figures."""
+    import statistics
+
+    from spantrain.env.calibration import Calibration
+
+    clusters = []
+    for c in measured["clusters"]:
+        rows = []
+        for p in c["plans"]:
+            m = statistics.median(r["steady_s"] for r in p["runs"])
+            pred = predict(c["profile"]["spec"], measured["model"], p["plan"], calibration)
+            base = predict(c["profile"]["spec"], measured["model"], p["plan"], Calibration()) if with_default \
+                else None
+            rows.append(plan_row(p["name"], p["plan"], pred, base["iteration_s"] if base else None, m,
+                                 [r["steady_s"] for r in p["runs"]]))
+        clusters.append({"cluster": c["spec_data"]["name"], "spec": c.get("spec"), "plans": rows,
+                         "ranking": cluster_summary(rows)})
+    return {"clusters": clusters, **suite_summary(clusters)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--quick", action="store_true", help="the suite's smoke subset (one cluster, two plans)")
+    ap.add_argument("--suite", type=Path, default=SUITE, help="suite file (default examples/calibration/suite.yaml)")
+    ap.add_argument("--calibration", type=Path, default=CALIBRATION,
+                    help="calibration profile for the predictions (default examples/calibration/emulated-cpu.yaml)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and the plot go (experiments/results)")
+    ap.add_argument("--measurements", type=Path, metavar="FILE",
+                    help="re-predict the measurements stored in FILE (a previous run's JSON) instead of running")
+    ap.add_argument("--repeats", type=int, help="runs per plan (default: the suite's)")
+    ap.add_argument("--steps", type=int, help="iterations per run (default: the suite's)")
+    ap.add_argument("--track", action=argparse.BooleanOptionalAction, default=True,
+                    help="log to Weights & Biases (offline unless logged in; default on)")
+    ap.add_argument("--fit", metavar="NAMES",
+                    help="comma-separated calibration constants to fit to the measurements (starting from "
+                         "--calibration); prints them with a leave-one-cluster-out check, and reports with them")
+    args = ap.parse_args(argv)
+
+    from spantrain.env.calibration import Calibration
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    calibration = Calibration.from_file(args.calibration)
+    stem = "calibration-quick" if args.quick else "calibration"
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python experiments/calibrate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.measurements:
+        measured = json.loads(args.measurements.read_text())["measurements"]
+    else:
+        from spantrain.runtime.emulator import netns
+
+        reason = netns.unavailable_reason()
+        if reason is not None:
+            raise SystemExit(f"calibrate: needs the emulator's network namespaces ({reason})")
+        suite = load_suite(args.suite, args.quick)
+        if args.repeats or args.steps:
+            suite = Suite(**{**suite.__dict__, "repeats": args.repeats or suite.repeats,
+                             "steps": args.steps or suite.steps})
+        with tempfile.TemporaryDirectory(prefix="spantrain-calibrate-") as tmp:
+            os.chmod(tmp, 0o755)  # the emulated devices write their run directories here
+            measured = measure(suite, Path(tmp), log)
+        measured["command"] = command
+    fitted = None
+    if args.fit:
+        calibration, fitted = _fit(measured, calibration, args.fit, log)
+    report = evaluate(measured, calibration)
+    if fitted is not None:
+        report["fit"] = fitted
+    report.update({"command": measured.get("command", command), "calibration_file": str(args.calibration),
+                   "calibration": calibration.to_dict(), "model": measured["model"], "cpus": measured["cpus"],
+                   "loadavg": _load_range(measured)})
+    plot = args.out / f"{stem}.png"
+    scatter_plot(report, plot)
+    (args.out / f"{stem}.json").write_text(json.dumps({**report, "plot": str(plot), "measurements": measured},
+                                                      indent=1) + "\n")
+    if args.track:
+        _track(report, plot, args.quick)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+    return 0
+
+
+def _fit(measured: dict[str, Any], calibration, names_arg: str, log) -> tuple[Any, dict[str, Any]]:
+    """Fit the named constants; the fitted calibration and what to report about the fit."""
+    import dataclasses
+
+    from spantrain.experiments.calibrate_fit import cross_validate, fit
+
+    known = {f.name for f in dataclasses.fields(calibration)}
+    names = [n.strip() for n in names_arg.split(",") if n.strip()]
+    bad = [n for n in names if n not in known or not isinstance(getattr(calibration, n), float)]
+    if bad or not names:
+        raise SystemExit(f"calibrate: --fit takes numeric calibration constants, not {', '.join(bad) or 'nothing'}")
+    cal, mape = fit(measured, calibration, names, evaluate)
+    folds = cross_validate(measured, calibration, names, evaluate) if len(measured["clusters"]) > 1 else []
+    values = {n: getattr(cal, n) for n in names}
+    log("calibrate: fitted " + ", ".join(f"{n} = {v:.4g}" for n, v in values.items()) + f" (MAPE {mape:.1%})")
+    for f in folds:
+        log(f"calibrate: fitted without {f['held_out']}: MAPE there {f['mape']:.1%} (max {f['max_abs_error']:.1%}), "
+            + ", ".join(f"{n} = {f[n]:.4g}" for n in names))
+    return cal, {"names": names, "values": values, "mape": mape, "leave_one_cluster_out": folds}
+
+
+def _load_range(measured: dict[str, Any]) -> list[float]:
+    """Lowest and highest 1-minute load average seen at the start of a run."""
+    loads = [r["loadavg_before"][0] for c in measured["clusters"] for p in c["plans"] for r in p["runs"]]
+    return [min(loads), max(loads)] if loads else []
+
+
+def _track(report: dict[str, Any], plot: Path, quick: bool) -> None:
+    from spantrain.tracking import Tracker
+
+    cols = ["cluster", "plan", "schedule", "sync", "pipelines", "stages", "batch", "predicted_s", "measured_s",
+            "error", "default_s", "default_error"]
+    rows = [[c["cluster"], *[p[k] for k in cols[1:]]] for c in report["clusters"] for p in c["plans"]]
+    with Tracker(job_type="calibrate", config={k: report[k] for k in ("command", "calibration", "model", "cpus")},
+                 tags=["quick"] if quick else None) as t:
+        t.log_table("calibration", cols, rows)
+        t.log_image("predicted_vs_measured", plot)
+        t.summary({k: report[k] for k in ("mape", "max_abs_error", "ranking_preserved", "default_mape")})
+
+
+if __name__ == "__main__":
+    from spantrain.errors import SpantrainError
+
+    try:
+        sys.exit(main())
+    except SpantrainError as e:  # a bad suite, calibration or measurement file: one line, no traceback
+        sys.exit(f"calibrate: {e}")

@@ -1,0 +1,146 @@
+"""experiments/calibrate.py: the suite, the steady-state figure, the error and ranking summary,
+re-prediction of stored measurements, and (root only) a smoke run of ``--quick`` on the emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spantrain.cluster import Cluster
+from spantrain.experiments import calibrate
+from spantrain.experiments.calibrate_report import cluster_summary
+from spantrain.plan import Plan
+from spantrain.runtime.emulator import netns
+from spantrain.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_suite_is_diverse_and_every_plan_fits_its_cluster():
+    suite = calibrate.load_suite()
+    workload = load_workload(suite.model)
+    plans = []
+    for case in suite.clusters:
+        cluster = Cluster.from_file(case.spec)
+        for p in case.plans:
+            plan = Plan.from_dict(p.plan, p.name)
+            plan.validate(cluster, workload)
+            plans.append(plan)
+    assert len(suite.clusters) >= 3 and len(plans) >= 10
+    assert {p.schedule for p in plans} == {"gpipe", "1f1b", "zb-h1", "zb-h2"}
+    assert {p.sync.mode for p in plans} == {"allreduce", "hierarchical", "local-sgd"}
+    assert {len(p.pipelines) for p in plans} == {1, 2, 3}
+    assert {max(len(x.stages) for x in p.pipelines) for p in plans} == {1, 2, 3, 4}
+    quick = calibrate.load_suite(quick=True)
+    assert len(quick.clusters) == 1 and len(quick.clusters[0].plans) == 2 and quick.repeats == 1
+
+
+def test_steady_state_leaves_out_warmup_and_averages_local_sgd_periods():
+    steps = [5.0, 3.0, 1.0, 2.0, 1.1, 2.2, 0.9, 2.1]
+    assert calibrate.steady_step_s(steps, warmup=2) == pytest.approx(1.55)  # median of the last six
+    # period 2: windows (1.0, 2.0), (1.1, 2.2), (0.9, 2.1) -> means 1.5, 1.65, 1.5
+    assert calibrate.steady_step_s(steps, warmup=2, period=2) == pytest.approx(1.5)
+    # warm-up 3 with period 2 starts at the next period boundary (index 4)
+    assert calibrate.steady_step_s(steps, warmup=3, period=2) == pytest.approx((1.65 + 1.5) / 2)
+    with pytest.raises(ValueError):
+        calibrate.steady_step_s(steps[:2], warmup=2)
+
+
+def test_ranking_compares_samples_per_second_within_five_percent():
+    def row(name, batch, pred, meas):
+        return {"plan": name, "batch": batch, "predicted_s": pred, "measured_s": meas}
+
+    # b is predicted fastest (32/1.0 > 16/0.6) and measured 3 % behind a: preserved
+    ok = cluster_summary([row("a", 16, 0.6, 0.485), row("b", 32, 1.0, 1.0)])
+    assert ok["predicted_best"] == "b" and ok["measured_best"] == "a" and ok["preserved"]
+    bad = cluster_summary([row("a", 16, 0.6, 0.4), row("b", 32, 1.0, 1.0)])
+    assert not bad["preserved"] and bad["gap"] == pytest.approx(0.2)
+
+
+def _stored_measurements(tmp_path: Path) -> Path:
+    """A results file whose 'profile' is the spec itself with the run times made up: exercises the
+    re-prediction path and the report, not the cost model's accuracy."""
+    spec_path = ROOT / "examples" / "calibration" / "two-region.yaml"
+    spec = yaml.safe_load(spec_path.read_text())
+    suite = calibrate.load_suite(quick=True)
+    plans = [{"name": p.name, "plan": p.plan,
+              "runs": [{"step_s": [1.0] * 4, "steady_s": s, "loadavg_before": [0.5, 0, 0]} for s in (0.5, 0.7)]}
+             for p in suite.clusters[0].plans]
+    measured = {"model": "tiny-gpt", "cpus": 1.0, "command": "test", "clusters": [
+        {"spec": str(spec_path), "spec_data": spec, "profile": {"spec": spec, "document": {}}, "plans": plans}]}
+    path = tmp_path / "stored.json"
+    path.write_text(json.dumps({"measurements": measured}))
+    return path
+
+
+def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
+    stored = _stored_measurements(tmp_path)
+    assert calibrate.main(["--measurements", str(stored), "--json", "--no-track", "--out", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["clusters"][0]["plans"]
+    assert len(rows) == 2 and report["plans"] == 2
+    for r in rows:
+        assert r["measured_s"] == pytest.approx(0.6)  # median over the two stored runs
+        assert r["error"] == pytest.approx((r["predicted_s"] - 0.6) / 0.6)
+    assert report["mape"] == pytest.approx(sum(abs(r["error"]) for r in rows) / 2)
+    assert report["max_abs_error"] == pytest.approx(max(abs(r["error"]) for r in rows))
+    assert (tmp_path / "calibration.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "calibration.json").read_text())["mape"] == pytest.approx(report["mape"])
+
+
+def test_fit_recovers_a_known_overhead_and_checks_it_on_held_out_clusters():
+    """Measurements made by the cost model itself with a known op overhead: the fit must find it
+    (from zero), with no error left on the clusters it did not see."""
+    import dataclasses
+
+    from spantrain.env.calibration import Calibration
+    from spantrain.experiments.calibrate_fit import cross_validate, fit
+
+    suite = calibrate.load_suite()
+    truth = Calibration(sync_overlap=False, op_overhead_flops=5.3e10)  # ~13 ms an op at the specs' 4 TFLOP/s
+    clusters = []
+    for case in suite.clusters:
+        spec = yaml.safe_load(case.spec.read_text())
+        plans = [{"name": p.name, "plan": p.plan, "runs": [
+            {"steady_s": calibrate.predict(spec, suite.model, p.plan, truth)["iteration_s"]}]} for p in case.plans]
+        clusters.append({"spec_data": spec, "profile": {"spec": spec}, "plans": plans})
+    measured = {"model": suite.model, "clusters": clusters}
+    start = dataclasses.replace(truth, op_overhead_flops=0.0)
+    assert calibrate.evaluate(measured, start, with_default=False)["mape"] > 0.02
+    cal, mape = fit(measured, start, ["op_overhead_flops"], calibrate.evaluate)
+    assert cal.op_overhead_flops == pytest.approx(5.3e10, rel=0.02) and mape < 0.005
+    folds = cross_validate(measured, start, ["op_overhead_flops"], calibrate.evaluate)
+    assert [f["held_out"] for f in folds] == [c["spec_data"]["name"] for c in clusters]
+    assert all(f["mape"] < 0.005 for f in folds)
+
+
+_REASON = netns.unavailable_reason()
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@pytest.mark.skipif(_REASON is not None, reason=f"needs root, ip netns and tc htb: {_REASON}")
+def test_quick_calibration_profiles_runs_and_reports(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "calibrate.py"), "--quick", "--json",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    rows = report["clusters"][0]["plans"]
+    assert [r["plan"] for r in rows] == ["one-device", "wan-2stage"]
+    for r in rows:
+        assert 0.05 < r["measured_s"] < 10 and 0.05 < r["predicted_s"] < 10
+        assert r["error"] == pytest.approx((r["predicted_s"] - r["measured_s"]) / r["measured_s"])
+    assert report["ranking_preserved"] in (True, False) and report["loadavg"]
+    stored = json.loads((tmp_path / "calibration-quick.json").read_text())
+    prof = stored["measurements"]["clusters"][0]["profile"]["spec"]
+    assert {d["id"] for d in prof["devices"]} == {"east-0", "east-1", "west-0", "west-1"}
+    assert all("layer_times" in d for d in prof["devices"])
+    assert (tmp_path / "calibration-quick.png").exists()
+    assert list((tmp_path / "wandb").rglob("*.wandb")), "no offline W&B run was written"

@@ -1,0 +1,121 @@
+"""`spantrain run --emulate` (root only): a plan's devices on the local emulated cluster.
+
+It trains exactly what a plain local run trains, rank k runs the plan's k-th device with the
+CPU quota it has in the whole cluster, a dead worker fails the run in one line without a
+hang, and no namespace, link or cgroup outlives a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runtime_helpers import ASYMMETRIC, plan, spantrain_here, write_inputs
+
+from spantrain.runtime.emulator import netns
+from spantrain.runtime.emulator.cpu import CGROUP_CPU
+
+_REASON = netns.unavailable_reason()
+pytestmark = [pytest.mark.netns, pytest.mark.slow,
+              pytest.mark.skipif(_REASON is not None, reason=f"needs root, ip netns and tc htb: {_REASON}")]
+
+
+def _emulator_objects() -> set[str]:
+    """Every emulator namespace, cgroup and hub link on the machine."""
+    found = {ns for ns in netns.list_namespaces() if ns.startswith("spt-")}
+    found |= {str(p) for p in CGROUP_CPU.glob("spt-*")}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return found | {line.split(":")[1].strip() for line in links.splitlines() if ": spt" in line}
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fails the test if it leaves an emulator object behind (objects of other emulators are ignored)."""
+    before = _emulator_objects()
+    yield
+    assert _emulator_objects() - before == set()
+
+
+def _args(tmp_path: Path, name: str, plan_dict: dict, steps: int, *extra: str) -> list[str]:
+    cluster, model = write_inputs(tmp_path)
+    path = tmp_path / f"{name}.plan.json"
+    path.write_text(json.dumps(plan_dict))
+    return ["run", "--cluster", str(cluster), "--model", str(model), "--plan", str(path), "--steps", str(steps),
+            "--lr", "0.01", "--adam-eps", "1.0", "--run-dir", str(tmp_path / name), "--no-progress", "--json", *extra]
+
+
+def _result(code: int, out: str, err: str) -> dict:
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def test_emulated_run_trains_exactly_like_a_local_run(tmp_path, no_leftovers):
+    both = plan("1f1b", "allreduce", ASYMMETRIC)
+    local = _result(*spantrain_here(*_args(tmp_path, "local", both, 3, "--threads", "1")))
+    emulated = _result(*spantrain_here(*_args(tmp_path, "emulated", both, 3, "--threads", "1", "--emulate",
+                                              "--emulate-mode", "netns")))
+    assert emulated["emulated"] is True and emulated["world_size"] == 4
+    assert emulated["final_step"] == 3
+    # Same samples, same initialisation, same sums: shaping and latency change timing, not training.
+    assert emulated["losses"] == pytest.approx(local["losses"], rel=1e-5)
+
+
+def test_plan_devices_are_the_ranks_with_their_whole_cluster_quotas(tmp_path, no_leftovers):
+    # Two of the four devices, in reverse cluster order: ranks 0 and 1 are b-1 and a-0, and each
+    # keeps the quota it has when all four share the 2 cores (0.5 core per TFLOP/s), not 1 core.
+    two = plan("gpipe", "allreduce", [(2, 2, [("b-1", 0, 3), ("a-0", 3, 6)])])
+    code, out, err = spantrain_here(*_args(tmp_path, "two", two, 2, "--emulate", "--emulate-cpus", "2",
+                                           "--emulate-mode", "netns"))
+    result = _result(code, out, err)
+    assert result["world_size"] == 2
+    start = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start" and start["devices"] == {"0": "b-1", "1": "a-0"}
+    assert "emulator: CPU quota 1 cores over 2 spec TFLOP/s = 0.5 cores per TFLOP/s" in err
+    assert "2 devices, mode netns" in err
+
+
+def _worker_pids(config: Path) -> list[int]:
+    """Pids of the emulated workers of one run (their command line names its config file)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"spantrain.runtime.emulator.worker" in cmd and str(config).encode() in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_worker_fails_the_run_in_one_line_without_hanging(tmp_path, no_leftovers):
+    args = _args(tmp_path, "dies", plan("1f1b", "allreduce", ASYMMETRIC), 10_000, "--emulate",
+                 "--emulate-mode", "netns")
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics = tmp_path / "dies" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"loss"') < 2):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    pids = _worker_pids(tmp_path / "dies" / "run_config.json")
+    assert len(pids) == 4
+    victim = sorted(pids)[2]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=90)
+    assert time.monotonic() - t0 < 45, "the run took too long to notice its dead worker"
+    assert proc.returncode == 2 and out == ""
+    lines = [x for x in err.strip().splitlines() if not x.startswith("emulator: ")]
+    assert len(lines) == 1 and lines[0].startswith("spantrain run: error: worker rank "), err
+    assert "was killed by SIGKILL after iteration" in lines[0] and "stopped the other 3 worker(s)" in lines[0]
+    assert "Traceback" not in err
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
