@@ -43,7 +43,7 @@ from spantrain.profiler.topology import PROFILES, generate
 from spantrain.workload import Workload
 
 __all__ = ["EnvConfig", "Scenario", "StartProvider", "PlanEnv", "ENV_ID", "simple_start", "network_change",
-           "scenario_pool", "scenario_workload"]
+           "scenario_pool", "scenario_workload", "held_layers"]
 
 ENV_ID = "spantrain/PlanImprove-v0"
 
@@ -159,6 +159,15 @@ def simple_start(key: tuple, ev: Evaluator) -> Candidate:
     return best
 
 
+def held_layers(cand: Candidate, num_layers: int) -> dict[int, tuple[int, int]]:
+    """Device -> the layer range it holds in a candidate's plan."""
+    out = {}
+    for devs, starts, _m, _M in cand.built:
+        ends = [*starts[1:], num_layers]
+        out.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
+    return out
+
+
 def network_change(cluster: Cluster, rng: np.random.Generator) -> tuple[Cluster, str]:
     """The cluster after one region pair's (or one region's) links change."""
     regions = cluster.regions
@@ -220,12 +229,8 @@ class PlanEnv(gym.Env):
         changed, what = network_change(base, self.np_random)
         ev = Evaluator(changed, workload)
         now = ev.evaluate(start.layout, start.shares, start.knobs)
-        running = {}
-        for devs, starts, _m, _M in start.built:
-            ends = [*starts[1:], workload.num_layers]
-            running.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
-        return Scenario(key=key, cluster=changed, workload=workload, evaluator=ev, start=now, running=running,
-                        change=what)
+        return Scenario(key=key, cluster=changed, workload=workload, evaluator=ev, start=now,
+                        running=held_layers(start, workload.num_layers), change=what)
 
     def load(self, scenario: Scenario) -> None:
         """Start an episode on a given scenario (deployment and evaluation use this)."""

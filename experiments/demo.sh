@@ -12,5 +12,23 @@ spantrain topo generate --devices 16 --seed 0 --profile cee -o "$OUT/cluster.yam
 step "2. Show it and plot it"
 spantrain topo show "$OUT/cluster.yaml" --plot "$OUT/topology.png"
 
+step "3. Plan GPT-2 medium on it (auto: the learned policy and the heuristic, best of both)"
+spantrain plan --cluster "$OUT/cluster.yaml" --model gpt2-medium -o "$OUT/plan.json"
+
+step "4. Simulate the plan and draw its timeline"
+spantrain simulate --cluster "$OUT/cluster.yaml" --model gpt2-medium --plan "$OUT/plan.json" \
+  --timeline "$OUT/timeline.png"
+
+step "5. Every planner side by side"
+spantrain compare --cluster "$OUT/cluster.yaml" --model gpt2-medium --planners ddp,gpipe,megatron,heuristic,auto
+
+step "6. Train tiny-gpt for real on the DESIGN.md cluster (one process per planned device)"
+spantrain run --cluster examples/cee-demo.yaml --model tiny-gpt --planner heuristic --steps 20 \
+  --checkpoint-dir "$OUT/ckpt" --run-dir "$OUT/run"
+
+step "7. Train the scheduling policy for about a minute (the shipped one: see README, 'The learned planner')"
+spantrain train-policy --timesteps 2048 --pool-size 16 --eval-every 1024 --eval-scenarios 4 \
+  --out-dir "$OUT/policy"
+
 echo
-echo "demo outputs are in $OUT/"
+echo "demo outputs are in $OUT/ (W&B runs are offline; 'wandb sync' uploads them)"

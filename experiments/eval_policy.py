@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from spantrain.env.evaluator import Evaluator
-from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, network_change, simple_start
+from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers, network_change, simple_start
 from spantrain.errors import SpantrainError
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
@@ -109,12 +109,8 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
         changed, what = network_change(cluster, rng)
         ev = Evaluator(changed, workload)
         now = ev.evaluate(running.layout, running.shares, running.knobs)
-        held = {}
-        for devs, starts, _m, _M in running.built:
-            ends = [*starts[1:], workload.num_layers]
-            held.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
         scenario = Scenario(key=(profile, n, seed, model), cluster=changed, workload=workload, evaluator=ev,
-                            start=now, running=held, change=what)
+                            start=now, running=held_layers(running, workload.num_layers), change=what)
         env = PlanEnv(EnvConfig(max_devices=n, min_devices=2, horizon=int(settings.get("horizon", 500))))
         env.load(scenario)
         replanned = HeuristicPlanner().best_candidate(ev)

@@ -19,7 +19,7 @@ from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args,
 
 __all__ = ["register", "run", "planner_options", "add_planner_option_args", "DEFAULT_PLANNER"]
 
-DEFAULT_PLANNER = "heuristic"
+DEFAULT_PLANNER = "auto"
 """Planner used without --planner."""
 
 

@@ -10,7 +10,15 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.moves import apply_move
-from spantrain.env.plan_env import ENV_ID, EnvConfig, PlanEnv, Scenario, network_change, simple_start
+from spantrain.env.plan_env import (
+    ENV_ID,
+    EnvConfig,
+    PlanEnv,
+    Scenario,
+    held_layers,
+    network_change,
+    simple_start,
+)
 from spantrain.env.spaces import KNOBS, ActionLayout
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
@@ -118,10 +126,7 @@ def test_adaptation_counts_migration_and_network_change_is_real():
     w = Workload.from_preset("gpt2-medium")
     ev = Evaluator(cluster, w)
     start = simple_start(("x",), ev)
-    running = {}
-    for devs, starts, _m, _M in start.built:
-        ends = [*starts[1:], w.num_layers]
-        running.update({d: (a, z) for d, a, z in zip(devs, starts, ends)})
+    running = held_layers(start, w.num_layers)
     env = PlanEnv(EnvConfig(max_devices=8, min_devices=4))
     env.reset(seed=0, options={"scenario": Scenario(key=("x",), cluster=cluster, workload=w, evaluator=ev,
                                                     start=start, running=running)})
