@@ -1,8 +1,11 @@
 """Figures and output of `calibrate`: per-plan rows, error summary, ranking check, table, plot.
 
-Errors are relative: (predicted - measured) / measured. The ranking compares samples/s
-(plans of one cluster may train different batches): preserved when the plan predicted
-to be fastest is measured fastest or within `RANK_TOLERANCE` of the fastest.
+Errors are relative: (predicted - measured) / measured. A plan's `spread` is how much its
+repeated runs disagree, (slowest - fastest) / median: the noise floor of the measurement
+itself, which no cost model can get under (on a shared or virtualized machine it is large).
+The ranking compares samples/s (plans of one cluster may train different batches):
+preserved when the plan predicted to be fastest is measured fastest or within
+`RANK_TOLERANCE` of the fastest.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def plan_row(name: str, plan: dict[str, Any], predicted: dict[str, Any], default
             "batch": batch, "predicted_s": pred, "measured_s": measured_s, "error": (pred - measured_s) / measured_s,
             "default_s": default_s,
             "default_error": None if default_s is None else (default_s - measured_s) / measured_s, "runs_s": runs_s,
+            "spread": (max(runs_s) - min(runs_s)) / measured_s,
             "predicted_parts": {k: v for k, v in predicted.items() if k != "iteration_s"}}
 
 
@@ -46,7 +50,9 @@ def suite_summary(clusters: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for c in clusters for r in c["plans"]]
     errs = [abs(r["error"]) for r in rows]
     default = [abs(r["default_error"]) for r in rows if r["default_error"] is not None]
+    spreads = sorted(r["spread"] for r in rows)
     return {"plans": len(rows), "mape": sum(errs) / len(errs), "max_abs_error": max(errs),
+            "median_spread": spreads[len(spreads) // 2],
             "ranking_preserved": all(c["ranking"]["preserved"] for c in clusters),
             "default_mape": sum(default) / len(default) if default else None,
             "default_max_abs_error": max(default) if default else None}
@@ -59,13 +65,13 @@ def print_table(report: dict[str, Any]) -> None:
     con = Console(width=None if sys.stdout.isatty() else 150)
     t = Table(title=f"cost model vs emulated runs ({report['model']}, {report['cpus']:g} cores)", title_justify="left")
     for col in ("cluster", "plan", "schedule", "sync", "P x S", "batch", "predicted s", "measured s", "error",
-                "uncalibrated s", "error"):
+                "uncalibrated s", "error", "run spread"):
         t.add_column(col, justify="left" if col in ("cluster", "plan", "schedule", "sync") else "right")
     for c in report["clusters"]:
         for r in c["plans"]:
             t.add_row(c["cluster"], r["plan"], r["schedule"], r["sync"], f"{r['pipelines']} x {r['stages']}",
                       str(r["batch"]), f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}", f"{r['error']:+.1%}",
-                      f"{r['default_s']:.3f}", f"{r['default_error']:+.1%}")
+                      f"{r['default_s']:.3f}", f"{r['default_error']:+.1%}", f"{r['spread']:.0%}")
     con.print(t)
     for c in report["clusters"]:
         k = c["ranking"]
@@ -73,7 +79,8 @@ def print_table(report: dict[str, Any]) -> None:
                   f"({'preserved' if k['preserved'] else 'NOT preserved'}, gap {k['gap']:.1%})")
     con.print(f"MAPE {report['mape']:.1%}, max error {report['max_abs_error']:.1%}, ranking "
               f"{'preserved' if report['ranking_preserved'] else 'NOT preserved'}; uncalibrated MAPE "
-              f"{report['default_mape']:.1%}, max {report['default_max_abs_error']:.1%}; load average "
+              f"{report['default_mape']:.1%}, max {report['default_max_abs_error']:.1%}; median run-to-run spread "
+              f"{report['median_spread']:.0%}; load average "
               + "-".join(f"{x:.2f}" for x in report.get("loadavg", [])))
 
 
