@@ -35,7 +35,7 @@ def test_plan_json_shape_and_output_file(run_cli, cluster_file, tmp_path):
     obj = json.loads(out)
     for key in ("plan", "estimate", "iteration_s", "samples_per_s", "feasible", "peak_memory_gb", "planner"):
         assert key in obj
-    assert obj["feasible"] is True and obj["planner"] == "heuristic"
+    assert obj["feasible"] is True and obj["planner"] == "auto"  # the default planner
     assert obj["samples_per_s"] == pytest.approx(64 / obj["iteration_s"])
     cluster = Cluster.from_file(cluster_file)
     plan = Plan.from_file(out_file).validate(cluster, Workload.from_preset("gpt2-medium"))
