@@ -168,14 +168,18 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
     return out
 
 
+def _fmt(x: float) -> str:
+    return "none feasible" if math.isnan(x) else f"{x:.3f}"
+
+
 def markdown(summary: dict) -> str:
-    lines = ["| cases | planner | median ratio to heuristic | geomean | >= 1% better | worse | median plan s "
-             "| max plan s |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| cases | planner | median ratio to heuristic | geomean (feasible plans) | >= 1% better | worse "
+             "| median plan s | max plan s |", "|---|---|---|---|---|---|---|---|"]
     for label, entry in summary["planning"].items():
         for name in ("ppo", "auto", "ppo-alone", "ga", *BASELINES):
             e = entry[name]
             lines.append(f"| {label} ({entry['cases']}) | {name} | {e['median_ratio']:.3f} | "
-                         f"{e['geomean_ratio']:.3f} | {e['better_1pct']:.0%} | {e['worse']:.0%} | "
+                         f"{_fmt(e['geomean_ratio'])} | {e['better_1pct']:.0%} | {e['worse']:.0%} | "
                          f"{e['median_plan_s']:.2f} | {e['max_plan_s']:.2f} |")
     a = summary.get("adaptation") or {}
     if a:
@@ -279,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{stem}.json").write_text(json.dumps({"summary": summary, "cases": rows, "adaptation": adapt},
                                                  indent=1, default=float))
     images = plots(rows, {"curve": curve}, out)
-    with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track,
-                 dir=out.parent / "wandb-runs") as tracker:
+    with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track) as tracker:
         tracker.summary({"summary": json.loads(json.dumps(summary, default=float))})
         cols = ["profile", "devices", "seed", "model", "heuristic_s", "ppo_s", "auto_s", "ga_s", "ppo_plan_s"]
         tracker.log_table("cases", cols, [[r["profile"], r["devices"], r["seed"], r["model"],
