@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spantrain.experiments.plotting import save_figure
+
 __all__ = ["SuiteSpec", "full_spec", "quick_spec", "run", "summarize", "markdown", "main"]
 
 PROFILES = ("cee", "geo", "datacenter")
@@ -315,11 +317,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xticks(range(len(PROFILES)), PROFILES)
     ax.set_ylabel("throughput / best baseline")
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, 1.16), frameon=False)
-    fig.tight_layout()
-    p = out / "planners_speedup.png"
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, out / "planners_speedup.png"))
 
     fig, ax = plt.subplots(figsize=(6, 2.8), dpi=100)
     small = [r for r in results["small"] if r["planners"]["exhaustive"]["feasible"]]
@@ -332,11 +330,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_yscale("log")
     ax.set_ylabel("throughput / exhaustive")
     ax.set_title(f"{len(small)} clusters of 6-8 devices (dashed: 3 % gap)", fontsize=8)
-    fig.tight_layout()
-    p = out / "planners_exhaustive_gap.png"
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, out / "planners_exhaustive_gap.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
     for k, profile in enumerate(PROFILES):
@@ -351,11 +345,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("devices")
     ax.set_ylabel("heuristic planning CPU s")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    p = out / "planners_scaling.png"
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save_figure(fig, out / "planners_scaling.png"))
     return paths
 
 

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spantrain.experiments.plotting import save_figure
+
 __all__ = ["RANK_TOLERANCE", "plan_row", "cluster_summary", "suite_summary", "print_table", "scatter_plot"]
 
 RANK_TOLERANCE = 0.05
@@ -119,7 +121,4 @@ def scatter_plot(report: dict[str, Any], path: Path) -> None:
                  f"(uncalibrated {report['default_mape']:.1%})", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

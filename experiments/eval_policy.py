@@ -33,6 +33,7 @@ import numpy as np
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers, network_change, simple_start
 from spantrain.errors import SpantrainError
+from spantrain.experiments.plotting import save_figure
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
 from spantrain.policies.ppo import PPOPlanner, load_policy
@@ -216,10 +217,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
     ax.set_ylabel("heuristic time / planner time")
     ax.set_title("held-out clusters: plans relative to the heuristic")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "policy_ratios.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "policy_ratios.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in ("heuristic", "ppo", "ga"):
@@ -231,10 +229,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
     ax.set_ylabel("median plan latency (s)")
     ax.legend(fontsize=8)
     ax.set_title("plan latency")
-    fig.tight_layout()
-    paths.append(out / "policy_latency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "policy_latency.png", dpi=110))
 
     curve = meta.get("curve") or []
     if curve:
@@ -245,10 +240,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
         ax.set_xlabel("environment steps")
         ax.set_title("sample efficiency (held-out evaluation during training)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "policy_sample_efficiency.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save_figure(fig, out / "policy_sample_efficiency.png", dpi=110))
     return paths
 
 
