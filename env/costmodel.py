@@ -34,6 +34,7 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -92,9 +93,8 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ints(values: list[int]) -> np.ndarray:
-    """An int64 array of a list of ints (`np.fromiter` skips `np.array`'s type discovery)."""
-    return np.fromiter(values, np.int64, len(values))
+class _Malformed(Exception):
+    """Internal: `CostModel._flatten` met a plan it must hand to `Plan.problems`."""
 
 
 def _estimate_factory():
@@ -136,6 +136,16 @@ class PlanArrays(NamedTuple):
     sync: int
     period: int
     keys: tuple
+    ints: np.ndarray
+    """The six arrays above, concatenated (`spantrain.env.kernel.plan_ints`); they are views of it."""
+
+
+def _views(ints: np.ndarray, P: int, NS: int) -> tuple[np.ndarray, ...]:
+    """(pipe_ptr, stage_dev, stage_a, stage_b, micro_batch_size, num_micro_batches) views of
+    a `plan_ints` array."""
+    c = P + 1 + 3 * NS
+    return (ints[:P + 1], ints[P + 1:P + 1 + NS], ints[P + 1 + NS:P + 1 + 2 * NS], ints[P + 1 + 2 * NS:c],
+            ints[c:c + P], ints[c + P:c + 2 * P])
 
 
 @dataclass(frozen=True)
@@ -204,62 +214,64 @@ class CostModel:
 
     def flatten(self, plan: Plan) -> PlanArrays:
         """The plan as kernel arrays; raises `PlanError` with every problem if it is invalid."""
-        return self._flatten(plan, True)[0]
+        ints, P, NS, sched, sync, period, keys, _ = self._flatten(plan, True)
+        return PlanArrays(*_views(ints, P, NS), sched, sync, period, keys, ints)
 
-    def _flatten(self, plan: Plan, with_keys: bool) -> tuple[PlanArrays, list[str]]:
-        """`flatten`, plus the device id of every stage; without memo keys (``keys=()``)
-        unless `with_keys`."""
-        sched = SCHEDULE_CODES.get(plan.schedule)
-        sync = SYNC_CODES.get(plan.sync.mode)
-        period = plan.sync.period
-        pipes = plan.pipelines
-        ok = (sched is not None and sync is not None and type(period) is int and period > 0
-              and (period == 1 or sync == 2) and len(pipes) > 0)
+    def _flatten(self, plan: Plan, with_keys: bool) -> tuple:
+        """The plan as (`plan_ints` array, P, NS, schedule code, sync code, period, memo
+        keys, device id of every stage); without memo keys (``()``) unless `with_keys`.
+
+        The happy path checks only what the kernel relies on, cheaply (a malformed plan
+        surfaces as one of the exceptions caught below); any doubt goes to
+        `Plan.problems`, which names every problem."""
         index = self._index
-        L = self.num_layers
-        ptr = [0]
         names: list[str] = []
         dev: list[int] = []
         lo: list[int] = []
         hi: list[int] = []
+        ptr = [0]
         mbs: list[int] = []
         nmb: list[int] = []
         keys = []
-        if ok:
-            for p in pipes:
+        try:
+            sched = SCHEDULE_CODES[plan.schedule]
+            sync = SYNC_CODES[plan.sync.mode]
+            period = plan.sync.period
+            if type(period) is not int or period <= 0 or (period != 1 and sync != 2) or not plan.pipelines:
+                raise _Malformed
+            for p in plan.pipelines:
                 m = p.micro_batch_size
                 M = p.num_micro_batches
-                if not (type(m) is int and m > 0 and type(M) is int and M > 0 and p.stages):
-                    ok = False
-                    break
+                if type(m) is not int or type(M) is not int or m <= 0 or M <= 0:
+                    raise _Malformed
                 first = len(dev)
                 expected = 0
                 for st in p.stages:
-                    ds = st.devices
+                    (d,) = st.devices  # exactly one device per stage
                     a, b = st.layers
-                    if (len(ds) != 1 or type(a) is not int or type(b) is not int or a != expected or b <= a
-                            or (i := index.get(d := ds[0])) is None):
-                        ok = False
-                        break
+                    if a != expected or b <= a or type(a) is not int or type(b) is not int:
+                        raise _Malformed
+                    dev.append(index[d])
                     names.append(d)
-                    dev.append(i)
                     lo.append(a)
                     hi.append(b)
                     expected = b
-                if not ok or expected != L:
-                    ok = False
-                    break
+                if expected != self.num_layers:  # also catches a pipeline without stages
+                    raise _Malformed
                 mbs.append(m)
                 nmb.append(M)
+                ptr.append(len(dev))
                 if with_keys:
                     keys.append((sched, m, M, tuple(dev[first:]), tuple(lo[first:])))
-                ptr.append(len(dev))
-            ok = ok and len(set(dev)) == len(dev)  # every device in one stage only
-        if not ok:
+            if len(set(dev)) != len(dev):  # every device in one stage only
+                raise _Malformed
+        except (_Malformed, KeyError, TypeError, ValueError, AttributeError):
             problems = plan.problems(self.cluster, self.workload)
-            raise PlanError(problems or ["plan does not fit this cluster and workload"])
-        return PlanArrays(_ints(ptr), _ints(dev), _ints(lo), _ints(hi), _ints(mbs), _ints(nmb), sched, sync, period,
-                          tuple(keys)), names
+            raise PlanError(problems or ["plan does not fit this cluster and workload"]) from None
+        NS = len(dev)
+        P = len(mbs)
+        ints = np.fromiter(chain(ptr, dev, lo, hi, mbs, nmb), np.int64, 3 * NS + 3 * P + 1)
+        return ints, P, NS, sched, sync, period, tuple(keys), names
 
     def arrays(self, pipelines: Sequence[tuple[Sequence[int], Sequence[int], int, int]], schedule: str = "1f1b",
                sync: str = "allreduce", period: int = 1) -> PlanArrays:
@@ -281,8 +293,10 @@ class CostModel:
             hi.extend([*starts[1:], self.num_layers])
             keys.append((sched, m, M, tuple(devs), tuple(starts)))
             ptr.append(len(dev))
-        return PlanArrays(_ints(ptr), _ints(dev), _ints(lo), _ints(hi), _ints([p[2] for p in pipelines]),
-                          _ints([p[3] for p in pipelines]), sched, SYNC_CODES[sync], period, tuple(keys))
+        P, NS = len(pipelines), len(dev)
+        ints = np.fromiter(chain(ptr, dev, lo, hi, [p[2] for p in pipelines], [p[3] for p in pipelines]), np.int64,
+                           3 * NS + 3 * P + 1)
+        return PlanArrays(*_views(ints, P, NS), sched, SYNC_CODES[sync], period, tuple(keys), ints)
 
     def evaluate(self, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw kernel output for flattened arrays: (stage_out, pipe_out, scalars), see
@@ -291,13 +305,15 @@ class CostModel:
 
         Pipelines simulated before (same key) are taken from the memo, if enabled."""
         P, NS = len(arrays.pipe_ptr) - 1, len(arrays.stage_dev)
-        return split_out(self._run(arrays, np.empty(out_size(P, NS))), P, NS)
+        return split_out(self._run_arrays(arrays, np.empty(out_size(P, NS))), P, NS)
 
-    def _run(self, x: PlanArrays, out: np.ndarray | None = None) -> np.ndarray:
-        """Run the kernel into `out` (default: a buffer this model reuses) and return it;
-        memoize the pipelines it simulated."""
-        P = len(x.pipe_ptr) - 1
-        NS = len(x.stage_dev)
+    def _run_arrays(self, x: PlanArrays, out: np.ndarray | None = None) -> np.ndarray:
+        return self._run(x.ints, len(x.pipe_ptr) - 1, len(x.stage_dev), x.schedule, x.sync, x.period, x.keys, out)
+
+    def _run(self, ints: np.ndarray, P: int, NS: int, sched: int, sync: int, period: int, keys: tuple,
+             out: np.ndarray | None = None) -> np.ndarray:
+        """Run the kernel on a `plan_ints` array into `out` (default: a buffer this model
+        reuses) and return it; memoize the pipelines it simulated."""
         size = 7 + 6 * P + 12 * NS  # `spantrain.env.kernel.out_size`
         if out is None:
             out = self._out
@@ -308,7 +324,6 @@ class CostModel:
         records = self._none
         hits = None
         if memo is not None:
-            keys = x.keys
             if len(keys) != P:
                 raise ValueError("PlanArrays.keys must name every pipeline when the memo is on")
             hits = [memo.get(key) for key in keys]
@@ -327,14 +342,14 @@ class CostModel:
         if at.shape[0] < P:
             at = self._unknown = np.full(2 * P, -1, dtype=np.int64)
         tables, layer, dev, links, region, calib = self._packed
-        _evaluate(tables, layer, dev, links, region, calib, x.pipe_ptr, x.stage_dev, x.stage_a, x.stage_b,
-                  x.micro_batch_size, x.num_micro_batches, x.schedule, x.sync, x.period, at, records, out, *self._ws)
+        _evaluate(tables, layer, dev, links, region, calib, ints, P, NS, sched, sync, period, at, records, out,
+                  *self._ws)
         if hits is not None and len(found) < P:
             if len(memo) > _MEMO_MAX:
                 memo.clear()
             base = 7 + 3 * P + 9 * NS  # `spantrain.env.kernel.memo_record`
-            ptr = x.pipe_ptr.tolist()
-            for p, key in enumerate(x.keys):
+            ptr = ints[:P + 1].tolist()
+            for p, key in enumerate(keys):
                 if hits[p] is None:
                     memo[key] = out[base + 3 * p + 3 * ptr[p]:base + 3 * (p + 1) + 3 * ptr[p + 1]].copy()
         return out
@@ -351,47 +366,52 @@ class CostModel:
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict one iteration of `plan`; raises `PlanError` if the plan is invalid."""
-        arrays, names = self._flatten(plan, self._memo is not None)
-        return self._estimate_from(arrays, self._run(arrays), names)
+        ints, P, NS, sched, sync, period, keys, names = self._flatten(plan, self._memo is not None)
+        return self._estimate_from(ints, P, NS, self._run(ints, P, NS, sched, sync, period, keys), names)
 
     def estimate_arrays(self, arrays: PlanArrays) -> Estimate:
         """`estimate` for an already flattened (and therefore valid) plan."""
-        return self._estimate_from(arrays, self._run(arrays), None)
+        P, NS = len(arrays.pipe_ptr) - 1, len(arrays.stage_dev)
+        return self._estimate_from(arrays.ints, P, NS, self._run_arrays(arrays), None)
 
     def estimate_fast(self, plan: Plan | PlanArrays) -> tuple[float, float, bool]:
         """(iteration_s, samples_per_s, feasible) of `plan`, exactly as `estimate` gives
         them, without building the `Estimate` (for searches that rank many candidates).
         Takes a `Plan` (validated; raises `PlanError`) or `PlanArrays` (from `flatten` or
         `arrays`, not validated again)."""
-        x = plan if type(plan) is PlanArrays else self._flatten(plan, self._memo is not None)[0]
-        it, _, _, _, _, sps, feasible = self._run(x)[:7].tolist()
+        if type(plan) is PlanArrays:
+            out = self._run_arrays(plan)
+        else:
+            out = self._run(*self._flatten(plan, self._memo is not None)[:7])
+        it, _, _, _, _, sps, feasible = out[:7].tolist()
         return it, sps, feasible == 1.0
 
     def _to_estimate(self, x: PlanArrays, stage_out: np.ndarray, pipe_out: np.ndarray,
                      scalars: np.ndarray) -> Estimate:
         """The `Estimate` of `evaluate`'s output."""
         out = np.concatenate([scalars, pipe_out.reshape(-1), stage_out.reshape(-1)])
-        return self._estimate_from(x, out, None)
+        return self._estimate_from(x.ints, len(x.pipe_ptr) - 1, len(x.stage_dev), out, None)
 
-    def _estimate_from(self, x: PlanArrays, out: np.ndarray, names: list[str] | None) -> Estimate:
-        P = len(x.pipe_ptr) - 1
-        NS = len(x.stage_dev)
+    def _estimate_from(self, ints: np.ndarray, P: int, NS: int, out: np.ndarray,
+                       names: list[str] | None) -> Estimate:
+        """The `Estimate` of a kernel output for the plan in `ints` (`names`: device id per
+        stage, looked up when None)."""
         if names is None:
             ids = self._ids
-            names = [ids[d] for d in x.stage_dev.tolist()]
+            names = [ids[d] for d in ints[P + 1:P + 1 + NS].tolist()]
         head = out[:7 + 3 * P].tolist()
         it, _, alone, exposed, opt, sps, feasible = head[:7]
         mem = out[7 + 3 * P + 5:7 + 3 * P + 9 * NS:9].tolist()
-        peak = dict(zip(names, [v / 1e9 for v in mem]))
         reasons = []
         if feasible != 1.0:
             cap = self._capacity
-            for name, d, need in zip(names, x.stage_dev.tolist(), mem):
+            for name, d, need in zip(names, ints[P + 1:P + 1 + NS].tolist(), mem):
                 if need > cap[d]:
                     reasons.append(f"{name} needs {need / 1e9:.1f} GB, has {cap[d] / 1e9:.1f} GB "
                                    f"(short {(need - cap[d]) / 1e9:.1f} GB)")
         return _new_estimate(iteration_s=it, samples_per_s=sps, feasible=not reasons, reasons=tuple(reasons),
-                             peak_memory_gb=peak, bubble_fraction=tuple(head[8::3]), pipeline_s=tuple(head[7::3]),
+                             peak_memory_gb=dict(zip(names, [v / 1e9 for v in mem])),
+                             bubble_fraction=tuple(head[8::3]), pipeline_s=tuple(head[7::3]),
                              exposed_comm_s=exposed, sync_s=alone, optimizer_s=opt,
                              pipeline_period_s=tuple(head[9::3]))
 

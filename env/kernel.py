@@ -87,8 +87,8 @@ from spantrain.env.calibration import (
     C_STATE,
 )
 
-__all__ = ["evaluate_plan", "evaluate", "out_size", "workspace_size", "memo_size", "memo_record", "split_out",
-           "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
+__all__ = ["evaluate_plan", "evaluate", "plan_ints", "out_size", "workspace_size", "memo_size", "memo_record",
+           "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
 
 STAGE_COLUMNS = ("f_s", "b_s", "w_s", "end_s", "in_flight", "memory_bytes", "optimizer_s", "start_s",
                  "sync_done_s")
@@ -110,8 +110,10 @@ _u = np.uint64  # array indices known >= 0: no negative-index wraparound code
 #
 # - ``x`` (float64): a record of `_FR` values per stage (op seconds, the outgoing links,
 #   and the scheduler's clock), then message arrival times fa / ga (S x M each), then for
-#   each of two candidate orders its channels (forward, backward) and op start / end
-#   times (S x K each);
+#   each of two candidate orders its channels (forward, backward) and each stage's peak
+#   micro-batches held between F and W (S each; the peaks right after the backward
+#   channels: the greedy tallies them as it goes, `_best` writes the fixed orders'
+#   closed form), and op start / end times (S x K each);
 # - ``n`` (int64): a record of `_IR` counters per stage, then for each candidate its op
 #   kinds and micro-batches (S x K each).
 #
@@ -134,7 +136,7 @@ memory bounds (F to B, F to W); next position in a fixed order."""
 def _workspace(S, M):
     """Sizes (floats, ints) of the workspaces for pipelines of up to S stages, M micro-batches."""
     K = 3 * M
-    return S * _FR + 2 * S * M + 4 * S + 4 * S * K, S * _IR + 4 * S * K
+    return S * _FR + 2 * S * M + 6 * S + 4 * S * K, S * _IR + 4 * S * K
 
 
 @njit(cache=True)
@@ -144,8 +146,8 @@ def _offsets(S, M, c):
     K = 3 * M
     fa = S * _FR
     ga = fa + S * M
-    ch = ga + S * M + 2 * S * c
-    t = ga + S * M + 4 * S + 2 * S * K * c
+    ch = ga + S * M + 3 * S * c  # chf, chb, then the peaks held (S each)
+    t = ga + S * M + 6 * S + 2 * S * K * c
     kd = S * _IR + 2 * S * K * c
     return fa, ga, ch, ch + S, t, t + S * K, kd, kd + S * K
 
@@ -280,6 +282,7 @@ def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
         x[_u(s * _FR + _EV)] = _INF if s > 0 else 0.0
         x[_u(chf0 + s)] = 0.0
         x[_u(chb0 + s)] = 0.0
+        x[_u(chb0 + S + s)] = 0.0
     remaining = S * K
     while remaining > 0:
         # the earliest event (ties to the lowest stage) and the earliest among the others
@@ -308,6 +311,7 @@ def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
         lim_fb = n[_u(q + _LIMFB)]
         lim_tot = n[_u(q + _LIMTOT)]
         tfree = x[_u(r + _TFREE)]
+        peak = x[_u(chb0 + S + s)]
         fs = x[_u(r + _F)]
         bs = x[_u(r + _B)]
         ws = x[_u(r + _W)]
@@ -364,6 +368,8 @@ def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
                     en = t + fs
                     nf += 1
                     last_b = 0
+                    if nf - nw > peak:
+                        peak = nf - nw
                     if s < S - 1:
                         c = x[_u(chf0 + s)]
                         y = (en if en > c else c) + x[_u(r + _CFO)]
@@ -421,6 +427,7 @@ def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
             n[_u(q + _WAIT)] = waiting
             x[_u(r + _TFREE)] = tfree
             x[_u(r + _EV)] = nxt
+            x[_u(chb0 + S + s)] = peak
             break
 
 
@@ -447,18 +454,13 @@ def _period(S, K, x, n, chf0, chb0, t0, e0, kd0):
 
 
 @njit(cache=True)
-def _peak(S, K, n, kd0):
-    """Largest number of micro-batches any stage holds between F and W (or BW)."""
-    best = 0
+def _peak(S, x, chb0):
+    """Largest number of micro-batches any stage holds between F and W (or BW), as the
+    candidate with backward channels at chb0 recorded it."""
+    best = 0.0
     for s in range(S):
-        c = 0
-        for j in range(kd0 + s * K, kd0 + (s + 1) * K):
-            if n[_u(j)] == 0:
-                c += 1
-                if c > best:
-                    best = c
-            elif n[_u(j)] >= 2:
-                c -= 1
+        if x[_u(chb0 + S + s)] > best:
+            best = x[_u(chb0 + S + s)]
     return best
 
 
@@ -472,11 +474,13 @@ def _best(code, S, M, x, n, Sw, Mw):
     K = 3 * M if split else 2 * M
     _fill_fixed(1 if split else code, S, M, split, n, kd0, mb0)
     _simulate(S, K, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0)
+    for s in range(S):  # micro-batches held: all (gpipe), 1F1B's warm-up + 1
+        x[_u(chb0 + S + s)] = M if code == 0 else min(S - s, M)
     best_t = _period(S, K, x, n, chf0, chb0, t0, e0, kd0)
     c = 0
     if not split:
         return c, K, best_t
-    best_peak = -1  # computed when a tie needs it
+    best_peak = -1.0  # computed when a tie needs it
     for variant in range(2 if code == 3 else 1):
         for s in range(S):
             q = s * _IR
@@ -493,11 +497,11 @@ def _best(code, S, M, x, n, Sw, Mw):
         if t2 < best_t:
             c = o
             best_t = t2
-            best_peak = -1
+            best_peak = -1.0
         elif t2 == best_t:
             if best_peak < 0:
-                best_peak = _peak(S, K, n, _offsets(Sw, Mw, c)[6])
-            p2 = _peak(S, K, n, kd0)
+                best_peak = _peak(S, x, _offsets(Sw, Mw, c)[3])
+            p2 = _peak(S, x, chb0)
             if p2 < best_peak:
                 c = o
                 best_peak = p2
@@ -739,6 +743,13 @@ def split_out(out, P, NS):
     return (out[7 + 3 * P:7 + 3 * P + 9 * NS].reshape(NS, 9), out[7:7 + 3 * P].reshape(P, 3), out[:7])
 
 
+def plan_ints(pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb) -> np.ndarray:
+    """A flattened plan as the one int64 array `evaluate` takes: pipe_ptr (P + 1), then
+    stage_dev, stage_a, stage_b (NS each), then micro-batch sizes and counts (P each)."""
+    return np.concatenate([np.asarray(v, dtype=np.int64).reshape(-1)
+                           for v in (pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb)])
+
+
 def pack_model(tf, tb, tw, bb, pp, pa, act, flops, capacity, bw, lat):
     """The model's arrays as `evaluate` takes them: (tables (3, devices, layers + 1):
     F/B/W prefix seconds; layer (4, layers + 1): boundary bytes, parameter prefix,
@@ -756,8 +767,8 @@ def pack_model(tf, tb, tw, bb, pp, pa, act, flops, capacity, bw, lat):
 
 
 @njit(cache=True)
-def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb, code,
-             sync_code, period, memo_at, memo, out, ws_x, ws_n):
+def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_code, period, memo_at, memo, out,
+             ws_x, ws_n):
     """Estimate a flattened plan (module docstring); the model's arrays as `pack_model`
     returns them. Writes into `out` (at least `out_size(P, NS)` floats) the scalars
     `SCALARS`, then pipe_out (P x 3: makespan_s, bubble_fraction, period_s), then
@@ -780,8 +791,13 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
     pa = layer[2]
     bw = links[0]
     lat = links[1]
-    P = pipe_ptr.shape[0] - 1
-    NS = stage_dev.shape[0]
+    # the plan: one int array (`plan_ints`), so a call unboxes one array instead of six
+    pipe_ptr = ints[:P + 1]
+    stage_dev = ints[P + 1:P + 1 + NS]
+    stage_a = ints[P + 1 + NS:P + 1 + 2 * NS]
+    stage_b = ints[P + 1 + 2 * NS:P + 1 + 3 * NS]
+    mbs = ints[P + 1 + 3 * NS:2 * P + 1 + 3 * NS]
+    nmb = ints[2 * P + 1 + 3 * NS:3 * P + 1 + 3 * NS]
     L = layer.shape[1] - 1
     op0 = calib[C_OP]
     opf = calib[C_OPF]
@@ -853,25 +869,16 @@ def evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stag
                 stage_out[g0 + s, 7] = memo[o + 5 + 3 * s]
         else:
             c, K, per = _best(code, S, M, x, n, Smax, Mmax)
-            _, _, _, _, t0, e0, kd0, _ = _offsets(Smax, Mmax, c)
+            _, _, _, chb0, t0, e0, _, _ = _offsets(Smax, Mmax, c)
             makespan = 0.0
             busy = 0.0
             for s in range(S):
-                inflight = 0
-                peak = 0
+                r = s * _FR  # busy: the sum of its op durations (as `reference` computes it)
+                busy += M * (x[r + _F] + x[r + _B] + x[r + _W]) if K == 3 * M else M * (x[r + _F] + x[r + _BWF])
                 row = s * K
-                for j in range(row, row + K):
-                    busy += x[e0 + j] - x[t0 + j]
-                    kd = n[kd0 + j]
-                    if kd == 0:
-                        inflight += 1
-                        if inflight > peak:
-                            peak = inflight
-                    elif kd >= 2:
-                        inflight -= 1
                 last = x[e0 + row + K - 1]
                 stage_out[g0 + s, 3] = last
-                stage_out[g0 + s, 4] = peak
+                stage_out[g0 + s, 4] = x[chb0 + S + s]
                 stage_out[g0 + s, 7] = x[t0 + row]
                 if last > makespan:
                     makespan = last
@@ -1014,6 +1021,7 @@ def evaluate_plan(tf, tb, tw, bb, pp, pa, act, flops, bw, lat, region,
             pos += recs[-1].shape[0]
     memo = np.concatenate(recs) if recs else np.zeros(0)
     out = np.empty(out_size(P, NS))
-    evaluate(tables, layer, dev, links, region, calib, pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb, int(code),
-             int(sync_code), int(period), at, memo, out, np.zeros(0), np.zeros(0, np.int64))
+    ints = plan_ints(pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb)
+    evaluate(tables, layer, dev, links, region, calib, ints, P, NS, int(code), int(sync_code), int(period), at, memo,
+             out, np.zeros(0), np.zeros(0, np.int64))
     return split_out(out, P, NS)

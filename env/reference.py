@@ -421,10 +421,11 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
                 cbl.append(lat[e][d])
         order, links, per = best_order(plan.schedule, pipe.num_micro_batches, f, b, w, bwf, cfo, cfl, cbo, cbl)
         makespan = max(ops[-1].end for ops in order)
-        busy = 0.0
-        for ops in order:
-            for op in ops:
-                busy += op.end - op.start
+        busy = 0.0  # the stages' op durations: M of each op kind per stage
+        M = pipe.num_micro_batches
+        split = any(op.kind == "W" for op in order[0])
+        for s in range(S):
+            busy += M * (f[s] + b[s] + w[s]) if split else M * (f[s] + bwf[s])
         makespans.append(makespan)
         periods.append(per)
         bubbles.append(1.0 - busy / (S * per) if per > 0 else 0.0)
