@@ -37,6 +37,10 @@
    more from the structure the best plan grew from; finally the layout is refined
    under the final knobs and under each schedule that does not fit its memory
    (dropping or moving a device can make a zero-bubble schedule fit).
+7. **Order** long pipelines (11-16 stages, where step 4 moves single devices only by
+   dropping them): swap two devices or move one elsewhere in its pipeline under the
+   final knobs, while it helps. Which device sits where changes the links between
+   stages and so the layer cuts; this only ever keeps a better plan.
 
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).
@@ -125,6 +129,7 @@ class HeuristicPlanner:
             if again.rank < best.rank:
                 best = again
         best = self._final_refine(search, best)
+        best = self._order_long_pipelines(search, best)
         self.stats = {"plan_s": time.perf_counter() - t0, "cost_model_calls": ev.calls, "units": len(search.units)}
         if not best.feasible:
             raise no_fit_error(ev.model, self.name)
@@ -178,6 +183,55 @@ class HeuristicPlanner:
             if tuned.rank < best.rank:
                 best = tuned
         return best
+
+
+    def _order_long_pipelines(self, search: _ChainSearch, best: Candidate) -> Candidate:
+        """Step 7 of the module docstring: best-improvement swaps and single-device moves
+        inside pipelines of `_ORDER_STAGES` stages, knobs tuned again if the layout changed."""
+        if not best.feasible or not any(_ORDER_STAGES[0] <= len(p) <= _ORDER_STAGES[1] for p in best.layout):
+            return best
+        ev = search.ev
+        cur = best
+        for _ in range(_ORDER_ROUNDS):
+            step = cur
+            for i, pipe in enumerate(cur.layout):
+                if not _ORDER_STAGES[0] <= len(pipe) <= _ORDER_STAGES[1]:
+                    continue
+                for order in _reorderings(pipe):
+                    c = ev.balance((*cur.layout[:i], order, *cur.layout[i + 1:]), cur.knobs, refit=1, moves=0)
+                    if _better(c, step):
+                        step = c
+            if step is cur:
+                break
+            cur = step
+        if cur is best:
+            return best
+        tuned, _ = tune_knobs(ev, ev.balance(cur.layout, cur.knobs, shares=cur.shares), self.config.allow_local_sgd)
+        return tuned if tuned.rank < best.rank else best
+
+
+_ORDER_STAGES = (11, 16)
+"""Pipeline lengths step 7 reorders (shorter ones get run moves in step 4; longer ones
+would cost more than the planning-time budget allows)."""
+_ORDER_ROUNDS = 8
+"""Upper bound on step 7's improving rounds."""
+
+
+def _reorderings(pipe: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every order of `pipe` one swap or one single-device move away, each once."""
+    seen = {pipe}
+    out = []
+    S = len(pipe)
+    for a in range(S):
+        for b in range(a + 1, S):
+            q = list(pipe)
+            q[a], q[b] = q[b], q[a]
+            out.append(tuple(q))
+        rest = pipe[:a] + pipe[a + 1:]
+        for j in range(S):
+            if j != a:
+                out.append((*rest[:j], pipe[a], *rest[j:]))
+    return [q for q in out if not (q in seen or seen.add(q))]
 
 
 def tune_knobs(ev: Evaluator, cand: Candidate, allow_local_sgd: bool) -> tuple[Candidate, Candidate | None]:

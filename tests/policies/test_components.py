@@ -154,3 +154,36 @@ def test_exhaustive_bound_is_below_every_knob_and_share(seed, profile):
                     assert lb <= c.time * (1 + 1e-9), (layout, m, schedule, sync)
                 elif not math.isfinite(lb):
                     assert c.built is None or not c.estimate.feasible
+
+
+def test_reorderings_are_every_one_swap_or_one_move_order_once():
+    from spantrain.policies.heuristic import _reorderings
+
+    pipe = (0, 1, 2, 3)
+    orders = _reorderings(pipe)
+    assert len(orders) == len(set(orders)) and pipe not in orders
+    assert all(sorted(o) == list(pipe) for o in orders)
+    assert (1, 0, 2, 3) in orders and (3, 1, 2, 0) in orders and (1, 2, 3, 0) in orders  # swaps, a move
+    # 6 swaps and 12 moves, but moving a device one step is a neighbour swap, each reached twice
+    # as a move: 6 + 12 - 3 - 3 = 12
+    assert len(orders) == 12
+
+
+def test_long_pipelines_are_reordered_only_for_the_better():
+    """A 12-stage pipeline that zigzags between a cloud and an edge site (a slow link at every
+    stage boundary) is put in an order that crosses it less; the devices stay the same."""
+    from spantrain.policies.heuristic import HeuristicConfig, HeuristicPlanner, _ChainSearch
+
+    cluster = generate(16, 1, "cee")
+    ev = Evaluator(cluster, Workload.from_preset("gpt2-xl"))
+    cloud = [i for i, d in enumerate(cluster.devices) if d.id.startswith("cloud")]
+    edge = [i for i, d in enumerate(cluster.devices) if d.id.startswith("edge")]
+    zigzag = tuple(x for pair in zip(cloud, edge) for x in pair) + tuple(edge[len(cloud):])
+    assert len(zigzag) >= 11
+    start = ev.balance((zigzag,), Knobs(micro_batch_size=1, schedule="1f1b", sync="hierarchical"))
+    assert start.feasible
+    planner, search = HeuristicPlanner(), _ChainSearch(ev, HeuristicConfig())
+    better = planner._order_long_pipelines(search, start)
+    assert better.time < start.time / 2
+    assert sorted(better.layout[0]) == sorted(zigzag)
+    assert planner._order_long_pipelines(search, better).time <= better.time
