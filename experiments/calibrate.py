@@ -4,7 +4,11 @@ For each cluster of the suite (``examples/calibration/suite.yaml``):
 
 1. profile it: ``spantrain profile --cluster SPEC --cpus N`` on the emulator, which writes
    a measured spec (per-layer times of the model on every device under its CPU quota,
-   every pair's bandwidth and latency);
+   every pair's bandwidth and latency), `profiles` times spread over the cluster's runs
+   (before them, then after each repeat) and combined per device by the median of its
+   compute figures (`median_profile`): this machine's speed wanders by 10-20 % over tens
+   of seconds, all devices together, and one profile's compute phase is a snapshot of
+   such a phase (three back-to-back profiles of one cluster put a device 10-25 % apart);
 2. predict every plan with the cost model fed by that measured spec and the calibration
    profile (``--calibration``, default ``examples/calibration/emulated-cpu.yaml``), and
    also with the uncalibrated defaults, to show what calibration changed;
@@ -54,7 +58,7 @@ from spantrain.experiments.calibrate_report import (
     suite_summary,
 )
 
-__all__ = ["PlanCase", "ClusterCase", "Suite", "load_suite", "steady_step_s", "predict", "main"]
+__all__ = ["PlanCase", "ClusterCase", "Suite", "load_suite", "steady_step_s", "median_profile", "predict", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "examples" / "calibration" / "suite.yaml"
@@ -87,6 +91,8 @@ class Suite:
     repeats: int
     clusters: list[ClusterCase]
     profile_budget_s: float = 60.0
+    profiles: int = 1
+    """Profiles per cluster, combined by `median_profile` (module docstring)."""
 
 
 def _plan_dict(name: str, compact: Any) -> dict[str, Any]:
@@ -111,7 +117,8 @@ def load_suite(path: Path = SUITE, quick: bool = False) -> Suite:
                 for c in raw["clusters"]]
     suite = Suite(model=raw["model"], cpus=float(raw["cpus"]), steps=int(raw["steps"]), warmup=int(raw["warmup"]),
                   repeats=int(raw["repeats"]), clusters=clusters,
-                  profile_budget_s=float(raw.get("profile_budget_s", Suite.profile_budget_s)))
+                  profile_budget_s=float(raw.get("profile_budget_s", Suite.profile_budget_s)),
+                  profiles=int(raw.get("profiles", Suite.profiles)))
     if not quick:
         return suite
     q = raw["quick"]
@@ -141,6 +148,28 @@ def profile_cluster(spec: Path, suite: Suite, out: Path) -> dict[str, Any]:
     proc = _spantrain("profile", "--cluster", str(spec), "--cpus", str(suite.cpus), "--model", suite.model,
                       "--budget-s", str(suite.profile_budget_s), "-o", str(out), "--json", timeout=600)
     return {"spec": yaml.safe_load(out.read_text()), "document": json.loads(proc.stdout)}
+
+
+def median_profile(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Measured specs of one cluster combined: the first, with every device's TFLOP/s and
+    per-layer times the median over all (links as the first measured them: the kernel
+    shapes them, they do not wander)."""
+    import statistics
+
+    if len(specs) == 1:
+        return specs[0]
+    by_id = [{d["id"]: d for d in s["devices"]} for s in specs]
+    devices = []
+    for d in specs[0]["devices"]:
+        same = [b[d["id"]] for b in by_id]
+        d = {**d, "tflops": statistics.median(x["tflops"] for x in same)}
+        if "layer_times" in d:
+            d["layer_times"] = {
+                m: {k: ([statistics.median(x["layer_times"][m][k][i] for x in same) for i in range(len(v))]
+                        if isinstance(v, list) else v) for k, v in lt.items()}
+                for m, lt in d["layer_times"].items()}
+        devices.append(d)
+    return {**specs[0], "devices": devices}
 
 
 def steady_step_s(step_s: list[float], warmup: int, period: int = 1) -> float:
@@ -209,19 +238,32 @@ def measure(suite: Suite, work: Path, log) -> dict[str, Any]:
     for c in suite.clusters:
         cwork = work / c.spec.stem
         cwork.mkdir(parents=True, exist_ok=True)
-        log(f"calibrate: profiling {c.spec.name} (load average {os.getloadavg()[0]:.2f})")
-        prof = profile_cluster(c.spec, suite, cwork / "profiled.yaml")
+        profiles: list[dict[str, Any]] = []
+        _profile_again(c.spec, suite, cwork, profiles, log)
         runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in c.plans}
         for r in range(suite.repeats):
+            if r > 0 and len(profiles) < suite.profiles:
+                _profile_again(c.spec, suite, cwork, profiles, log)
             for p in c.plans:
                 res = run_plan(c.spec, p, suite, cwork, r)
                 runs[p.name].append(res)
                 log(f"calibrate: {c.spec.stem}/{p.name} run {r + 1}/{suite.repeats}: {res['steady_s']:.3f} s/it "
                     f"(load {res['loadavg_before'][0]:.2f})")
+        while len(profiles) < suite.profiles:
+            _profile_again(c.spec, suite, cwork, profiles, log)
+        prof = {"spec": median_profile([x["spec"] for x in profiles]),
+                "document": profiles[0]["document"], "profiles": profiles}
         out["clusters"].append({"spec": str(c.spec.relative_to(ROOT) if c.spec.is_relative_to(ROOT) else c.spec),
                                 "spec_data": _read_spec(c.spec), "profile": prof,
                                 "plans": [{"name": p.name, "plan": p.plan, "runs": runs[p.name]} for p in c.plans]})
     return out
+
+
+def _profile_again(spec: Path, suite: Suite, work: Path, profiles: list[dict[str, Any]], log) -> None:
+    """Append one more profile of `spec` to `profiles`."""
+    log(f"calibrate: profiling {spec.name}, {len(profiles) + 1}/{suite.profiles} "
+        f"(load average {os.getloadavg()[0]:.2f})")
+    profiles.append(profile_cluster(spec, suite, work / f"profiled-{len(profiles)}.yaml"))
 
 
 def _read_spec(path: Path) -> dict[str, Any]:

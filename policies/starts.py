@@ -24,7 +24,7 @@ from spantrain.profiler.topology import generate
 
 __all__ = ["HeuristicStarts", "default_cache_dir"]
 
-_VERSION = "heuristic-v1"
+_VERSION = "heuristic-v2"  # bump when the heuristic's plans change (v2: long pipelines reordered)
 
 
 def default_cache_dir() -> Path:

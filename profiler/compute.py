@@ -32,7 +32,7 @@ __all__ = ["ComputeProfile", "default_micro_batch", "measure_compute", "layer_fl
 
 _MIN_SEQ = 16
 _MIN_REPS, _MAX_REPS = 3, 10_000
-_SAMPLE_S, _MAX_GROUP = 0.05, 64
+_SAMPLE_S, _MAX_GROUP = 0.5, 512
 """A timed repetition groups passes to last at least this long (see `_time_layer`)."""
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -114,10 +114,16 @@ def _time_layer(torch, layer, make_input, out_grad_like, device, budget_s: float
     counts): under a CPU quota (the emulator's cgroups) a device computes in bursts of a
     few milliseconds, and a single short pass ran either at full speed or through a stall,
     depending on where in the quota period it began; a median of such bimodal times put
-    identical devices up to 2.8x apart. The output gradient is drawn before the clock starts.
+    identical devices up to 2.8x apart. A group spans many quota periods (the emulator's
+    are 10-20 ms) because the CPU time a window gets is quantized by periods: groups of
+    50 ms (~5 periods) came out 20 % apart and profiles of the same device drifted by as
+    much (their median picks one quantization step); at 0.5 s the step is ~2 % (shorter
+    when the budget leaves less than `_MIN_REPS` + 1 such groups). The output gradient is
+    drawn before the clock starts.
     """
     fwd, bwd = [], []
     t_start = time.perf_counter()
+    sample_s = min(_SAMPLE_S, max(0.05, budget_s / (_MIN_REPS + 1)))  # a short budget still gets its repetitions
     group = 1
     for rep in range(_MAX_REPS + 1):
         f_sum = b_sum = 0.0
@@ -138,7 +144,7 @@ def _time_layer(torch, layer, make_input, out_grad_like, device, budget_s: float
             f_sum += t1 - t0
             b_sum += t3 - t2
         if rep == 0:  # the first pass warms allocators and kernels up, and sizes the groups
-            group = max(1, min(_MAX_GROUP, math.ceil(_SAMPLE_S / max(f_sum + b_sum, 1e-6))))
+            group = max(1, min(_MAX_GROUP, math.ceil(sample_s / max(f_sum + b_sum, 1e-6))))
         else:
             fwd.append(f_sum / group)
             bwd.append(b_sum / group)

@@ -120,6 +120,28 @@ def test_fit_recovers_a_known_overhead_and_checks_it_on_held_out_clusters():
     assert all(f["mape"] < 0.005 for f in folds)
 
 
+def test_profiles_combine_by_the_per_device_median_of_compute():
+    def spec(east_tflops, block_ms):
+        return {"name": "m", "devices": [
+            {"id": "east-0", "region": "net-0", "tflops": east_tflops, "memory_gb": 6,
+             "layer_times": {"tiny-gpt": {"batch": 4, "forward_ms": [1.0, block_ms], "backward_ms": [2.0, 3.0]}}},
+            {"id": "west-0", "region": "net-1", "tflops": 0.005, "memory_gb": 6}],
+            "network": {"links": [{"between": ["east-0", "west-0"], "gbps": 0.04}]}}
+
+    combined = calibrate.median_profile([spec(0.010, 15.0), spec(0.012, 12.0), spec(0.009, 20.0)])
+    east, west = combined["devices"]
+    assert east["tflops"] == 0.010 and west["tflops"] == 0.005
+    assert east["layer_times"]["tiny-gpt"] == {"batch": 4, "forward_ms": [1.0, 15.0], "backward_ms": [2.0, 3.0]}
+    assert combined["network"] == spec(0, 0)["network"]
+    one = spec(0.01, 1.0)
+    assert calibrate.median_profile([one]) is one
+
+
+def test_the_suite_profiles_every_cluster_several_times():
+    assert calibrate.load_suite().profiles >= 3
+    assert calibrate.load_suite(quick=True).profiles == 1
+
+
 _REASON = netns.unavailable_reason()
 
 
@@ -142,5 +164,6 @@ def test_quick_calibration_profiles_runs_and_reports(tmp_path):
     prof = stored["measurements"]["clusters"][0]["profile"]["spec"]
     assert {d["id"] for d in prof["devices"]} == {"east-0", "east-1", "west-0", "west-1"}
     assert all("layer_times" in d for d in prof["devices"])
+    assert len(stored["measurements"]["clusters"][0]["profile"]["profiles"]) == 1
     assert (tmp_path / "calibration-quick.png").exists()
     assert list((tmp_path / "wandb").rglob("*.wandb")), "no offline W&B run was written"
