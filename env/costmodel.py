@@ -34,7 +34,6 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -44,7 +43,7 @@ from spantrain.env.calibration import C_OP, C_OPF, C_SPB, C_SPW, Calibration
 from spantrain.env.collectives import SYNC_CODES
 from spantrain.env.collectives import collective_time as _collective_time
 from spantrain.env.kernel import evaluate as _evaluate
-from spantrain.env.kernel import out_size, pack_model, split_out, workspace_size
+from spantrain.env.kernel import out_size, pack_model, plan_ints, plan_views, split_out, workspace_size
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.errors import PlanError, SpecError
 from spantrain.estimate import Estimate
@@ -140,14 +139,6 @@ class PlanArrays(NamedTuple):
     """The six arrays above, concatenated (`spantrain.env.kernel.plan_ints`); they are views of it."""
 
 
-def _views(ints: np.ndarray, P: int, NS: int) -> tuple[np.ndarray, ...]:
-    """(pipe_ptr, stage_dev, stage_a, stage_b, micro_batch_size, num_micro_batches) views of
-    a `plan_ints` array."""
-    c = P + 1 + 3 * NS
-    return (ints[:P + 1], ints[P + 1:P + 1 + NS], ints[P + 1 + NS:P + 1 + 2 * NS], ints[P + 1 + 2 * NS:c],
-            ints[c:c + P], ints[c + P:c + 2 * P])
-
-
 @dataclass(frozen=True)
 class PipelineTiming:
     """One pipeline's simulated timing (see `CostModel.pipeline_time`)."""
@@ -215,7 +206,7 @@ class CostModel:
     def flatten(self, plan: Plan) -> PlanArrays:
         """The plan as kernel arrays; raises `PlanError` with every problem if it is invalid."""
         ints, P, NS, sched, sync, period, keys, _ = self._flatten(plan, True)
-        return PlanArrays(*_views(ints, P, NS), sched, sync, period, keys, ints)
+        return PlanArrays(*plan_views(ints, P, NS), sched, sync, period, keys, ints)
 
     def _flatten(self, plan: Plan, with_keys: bool) -> tuple:
         """The plan as (`plan_ints` array, P, NS, schedule code, sync code, period, memo
@@ -268,10 +259,7 @@ class CostModel:
         except (_Malformed, KeyError, TypeError, ValueError, AttributeError):
             problems = plan.problems(self.cluster, self.workload)
             raise PlanError(problems or ["plan does not fit this cluster and workload"]) from None
-        NS = len(dev)
-        P = len(mbs)
-        ints = np.fromiter(chain(ptr, dev, lo, hi, mbs, nmb), np.int64, 3 * NS + 3 * P + 1)
-        return ints, P, NS, sched, sync, period, tuple(keys), names
+        return plan_ints(ptr, dev, lo, hi, mbs, nmb), len(mbs), len(dev), sched, sync, period, tuple(keys), names
 
     def arrays(self, pipelines: Sequence[tuple[Sequence[int], Sequence[int], int, int]], schedule: str = "1f1b",
                sync: str = "allreduce", period: int = 1) -> PlanArrays:
@@ -293,10 +281,9 @@ class CostModel:
             hi.extend([*starts[1:], self.num_layers])
             keys.append((sched, m, M, tuple(devs), tuple(starts)))
             ptr.append(len(dev))
-        P, NS = len(pipelines), len(dev)
-        ints = np.fromiter(chain(ptr, dev, lo, hi, [p[2] for p in pipelines], [p[3] for p in pipelines]), np.int64,
-                           3 * NS + 3 * P + 1)
-        return PlanArrays(*_views(ints, P, NS), sched, SYNC_CODES[sync], period, tuple(keys), ints)
+        ints = plan_ints(ptr, dev, lo, hi, [p[2] for p in pipelines], [p[3] for p in pipelines])
+        return PlanArrays(*plan_views(ints, len(pipelines), len(dev)), sched, SYNC_CODES[sync], period, tuple(keys),
+                          ints)
 
     def evaluate(self, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw kernel output for flattened arrays: (stage_out, pipe_out, scalars), see

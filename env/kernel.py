@@ -68,6 +68,8 @@ served stale after an edit there. `evaluate_plan` keeps the unpacked signature.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 from numba import njit
 
@@ -87,8 +89,8 @@ from spantrain.env.calibration import (
     C_STATE,
 )
 
-__all__ = ["evaluate_plan", "evaluate", "plan_ints", "out_size", "workspace_size", "memo_size", "memo_record",
-           "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
+__all__ = ["evaluate_plan", "evaluate", "plan_ints", "plan_views", "out_size", "workspace_size", "memo_size",
+           "memo_record", "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
 
 STAGE_COLUMNS = ("f_s", "b_s", "w_s", "end_s", "in_flight", "memory_bytes", "optimizer_s", "start_s",
                  "sync_done_s")
@@ -745,9 +747,18 @@ def split_out(out, P, NS):
 
 def plan_ints(pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb) -> np.ndarray:
     """A flattened plan as the one int64 array `evaluate` takes: pipe_ptr (P + 1), then
-    stage_dev, stage_a, stage_b (NS each), then micro-batch sizes and counts (P each)."""
-    return np.concatenate([np.asarray(v, dtype=np.int64).reshape(-1)
-                           for v in (pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb)])
+    stage_dev, stage_a, stage_b (NS each), then micro-batch sizes and counts (P each).
+    Takes lists or 1-d arrays (one conversion: `CostModel` calls this per estimate)."""
+    parts = (pipe_ptr, stage_dev, stage_a, stage_b, mbs, nmb)
+    return np.fromiter(chain(*parts), np.int64, sum(map(len, parts)))
+
+
+def plan_views(ints: np.ndarray, P: int, NS: int) -> tuple[np.ndarray, ...]:
+    """The six arrays of a `plan_ints` array, as views: (pipe_ptr, stage_dev, stage_a,
+    stage_b, micro-batch sizes, micro-batch counts); `evaluate` slices the same way."""
+    c = P + 1 + 3 * NS
+    return (ints[:P + 1], ints[P + 1:P + 1 + NS], ints[P + 1 + NS:P + 1 + 2 * NS], ints[P + 1 + 2 * NS:c],
+            ints[c:c + P], ints[c + P:c + 2 * P])
 
 
 def pack_model(tf, tb, tw, bb, pp, pa, act, flops, capacity, bw, lat):

@@ -423,7 +423,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         makespan = max(ops[-1].end for ops in order)
         busy = 0.0  # the stages' op durations: M of each op kind per stage
         M = pipe.num_micro_batches
-        split = any(op.kind == "W" for op in order[0])
+        split = plan.schedule in ("zb-h1", "zb-h2")
         for s in range(S):
             busy += M * (f[s] + b[s] + w[s]) if split else M * (f[s] + bwf[s])
         makespans.append(makespan)

@@ -8,7 +8,7 @@ For each cluster of the suite (``examples/calibration/suite.yaml``):
    (before them, then after each repeat) and combined per device by the median of its
    compute figures (`median_profile`): this machine's speed wanders by 10-20 % over tens
    of seconds, all devices together, and one profile's compute phase is a snapshot of
-   such a phase (three back-to-back profiles of one cluster put a device 10-25 % apart);
+   such a phase (three profiles of one cluster put a device up to 45 % apart);
 2. predict every plan with the cost model fed by that measured spec and the calibration
    profile (``--calibration``, default ``examples/calibration/emulated-cpu.yaml``), and
    also with the uncalibrated defaults, to show what calibration changed;
@@ -239,10 +239,9 @@ def measure(suite: Suite, work: Path, log) -> dict[str, Any]:
         cwork = work / c.spec.stem
         cwork.mkdir(parents=True, exist_ok=True)
         profiles: list[dict[str, Any]] = []
-        _profile_again(c.spec, suite, cwork, profiles, log)
         runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in c.plans}
         for r in range(suite.repeats):
-            if r > 0 and len(profiles) < suite.profiles:
+            if len(profiles) < suite.profiles:  # before the runs, then between repeats
                 _profile_again(c.spec, suite, cwork, profiles, log)
             for p in c.plans:
                 res = run_plan(c.spec, p, suite, cwork, r)

@@ -184,18 +184,17 @@ class HeuristicPlanner:
                 best = tuned
         return best
 
-
     def _order_long_pipelines(self, search: _ChainSearch, best: Candidate) -> Candidate:
         """Step 7 of the module docstring: best-improvement swaps and single-device moves
         inside pipelines of `_ORDER_STAGES` stages, knobs tuned again if the layout changed."""
-        if not best.feasible or not any(_ORDER_STAGES[0] <= len(p) <= _ORDER_STAGES[1] for p in best.layout):
+        if not best.feasible or not any(map(_reorderable, best.layout)):
             return best
         ev = search.ev
         cur = best
         for _ in range(_ORDER_ROUNDS):
             step = cur
             for i, pipe in enumerate(cur.layout):
-                if not _ORDER_STAGES[0] <= len(pipe) <= _ORDER_STAGES[1]:
+                if not _reorderable(pipe):
                     continue
                 for order in _reorderings(pipe):
                     c = ev.balance((*cur.layout[:i], order, *cur.layout[i + 1:]), cur.knobs, refit=1, moves=0)
@@ -215,6 +214,10 @@ _ORDER_STAGES = (11, 16)
 would cost more than the planning-time budget allows)."""
 _ORDER_ROUNDS = 8
 """Upper bound on step 7's improving rounds."""
+
+
+def _reorderable(pipe: tuple[int, ...]) -> bool:
+    return _ORDER_STAGES[0] <= len(pipe) <= _ORDER_STAGES[1]
 
 
 def _reorderings(pipe: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -195,7 +195,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _run_torchrun(cfg) -> dict[str, Any] | None:
     import signal
 
