@@ -37,10 +37,14 @@
    more from the structure the best plan grew from; finally the layout is refined
    under the final knobs and under each schedule that does not fit its memory
    (dropping or moving a device can make a zero-bubble schedule fit).
-7. **Order** long pipelines (11-16 stages, where step 4 moves single devices only by
-   dropping them): swap two devices or move one elsewhere in its pipeline under the
-   final knobs, while it helps. Which device sits where changes the links between
-   stages and so the layer cuts; this only ever keeps a better plan.
+7. **Order and trim** long pipelines (11-16 stages, where step 4 moves single devices
+   only by dropping them): under the final knobs, while it helps, swap two devices or
+   move one elsewhere in its pipeline, drop any device, trim a network group's run of
+   devices by several at once, insert an idle device next to one of its network group,
+   or replace a device by an idle one so placed. Which device sits where changes the
+   links between stages and so the layer cuts, and the stage count changes how evenly
+   the layers divide: dropping two devices can pay where dropping one does not. This
+   only ever keeps a better plan.
 
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).
@@ -59,7 +63,7 @@ from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Kno
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
 from spantrain.policies.feasibility import no_fit_error
-from spantrain.policies.grouping import compute_units, network_groups
+from spantrain.policies.grouping import compute_units, device_classes, network_groups
 from spantrain.workload import Workload
 
 __all__ = ["HeuristicConfig", "HeuristicPlanner"]
@@ -185,19 +189,22 @@ class HeuristicPlanner:
         return best
 
     def _order_long_pipelines(self, search: _ChainSearch, best: Candidate) -> Candidate:
-        """Step 7 of the module docstring: best-improvement swaps and single-device moves
-        inside pipelines of `_ORDER_STAGES` stages, knobs tuned again if the layout changed."""
-        if not best.feasible or not any(map(_reorderable, best.layout)):
+        """Step 7 of the module docstring: best-improvement moves inside the pipelines of
+        `_ORDER_STAGES` stages, knobs tuned again if the layout changed."""
+        eligible = [i for i, pipe in enumerate(best.layout) if _reorderable(pipe)]
+        if not best.feasible or not eligible:
             return best
         ev = search.ev
         cur = best
+        labels = device_classes(ev.cluster)
         for _ in range(_ORDER_ROUNDS):
             step = cur
-            for i, pipe in enumerate(cur.layout):
-                if not _reorderable(pipe):
-                    continue
-                for order in _reorderings(pipe):
-                    c = ev.balance((*cur.layout[:i], order, *cur.layout[i + 1:]), cur.knobs, refit=1, moves=0)
+            # one idle device per class of interchangeable devices: the others give the same plans
+            idle = sorted({labels[d]: d for d in sorted(set(range(len(ev.cluster))).difference(*cur.layout),
+                                                        reverse=True)}.values())
+            for i in eligible:
+                for pipe in _pipeline_moves(cur.layout[i], idle, search.device_group):
+                    c = ev.balance((*cur.layout[:i], pipe, *cur.layout[i + 1:]), cur.knobs, refit=1, moves=0)
                     if _better(c, step):
                         step = c
             if step is cur:
@@ -210,7 +217,7 @@ class HeuristicPlanner:
 
 
 _ORDER_STAGES = (11, 16)
-"""Pipeline lengths step 7 reorders (shorter ones get run moves in step 4; longer ones
+"""Pipeline lengths step 7 works on (shorter ones get run moves in step 4; longer ones
 would cost more than the planning-time budget allows)."""
 _ORDER_ROUNDS = 8
 """Upper bound on step 7's improving rounds."""
@@ -234,6 +241,41 @@ def _reorderings(pipe: tuple[int, ...]) -> list[tuple[int, ...]]:
         for j in range(S):
             if j != a:
                 out.append((*rest[:j], pipe[a], *rest[j:]))
+    return [q for q in out if not (q in seen or seen.add(q))]
+
+
+def _pipeline_moves(pipe: tuple[int, ...], idle: list[int], group: np.ndarray) -> list[tuple[int, ...]]:
+    """Step 7's neighbours of a pipeline, each once: its reorderings; every device dropped;
+    every run of one network group's devices trimmed by 2 or more at its head or tail
+    (keeping one); every idle device of a group the pipeline uses inserted next to a device
+    of its group and, so placed (anywhere when it replaced its group's last device),
+    replacing each device. At most `_ORDER_STAGES[1]` stages. (Groups the pipeline does
+    not use are the structure search's business: units join chains there.)"""
+    out = _reorderings(pipe)
+    S = len(pipe)
+    out += [pipe[:k] + pipe[k + 1:] for k in range(S)]
+    start = 0
+    for end in range(1, S + 1):
+        if end == S or group[pipe[end]] != group[pipe[start]]:
+            for k in range(2, end - start):
+                out += [pipe[:end - k] + pipe[end:], pipe[:start] + pipe[start + k:]]
+            start = end
+
+    def placed(base: tuple[int, ...], d: int) -> list[tuple[int, ...]]:
+        near = [j for j in range(len(base) + 1)
+                if (j > 0 and group[base[j - 1]] == group[d]) or (j < len(base) and group[base[j]] == group[d])]
+        return [(*base[:j], d, *base[j:]) for j in (near or range(len(base) + 1))]
+
+    used = set(group[list(pipe)].tolist())
+    longest = _ORDER_STAGES[1]
+    for d in idle:
+        if group[d] not in used:
+            continue
+        if longest > S:
+            out += placed(pipe, d)
+        for k in range(S):
+            out += placed(pipe[:k] + pipe[k + 1:], d)
+    seen = {pipe}
     return [q for q in out if not (q in seen or seen.add(q))]
 
 
@@ -287,6 +329,9 @@ class _ChainSearch:
         self.units = units
         self.unit_group = unit_group
         self.groups = groups
+        self.device_group = np.empty(len(cluster), dtype=np.int64)
+        for g, members in enumerate(groups):
+            self.device_group[members] = g
         self.unit_speed = np.array([tflops[list(u)].sum() for u in units])
         bw = np.asarray(cluster.bandwidth)
         self.bws = np.minimum(bw, bw.T)
