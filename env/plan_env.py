@@ -86,6 +86,10 @@ class EnvConfig:
     """Multiplier on the log-ratio reward (keeps returns near unit scale)."""
     invalid_penalty: float = 0.05
     """Reward of a rejected move (invalid or does not fit memory)."""
+    start_kicks: int = 0
+    """Up to this many random valid moves (drawn uniformly from 0..start_kicks) applied to
+    the starting plan at reset, before any network change: states off the planner's
+    optimum, from which a policy learns repairs (0: start as planned)."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_devices <= self.max_devices:
@@ -101,6 +105,8 @@ class EnvConfig:
             raise SpantrainError("EnvConfig.max_steps and horizon must be >= 1")
         if not self.batch_scales or any(b < 1 for b in self.batch_scales):
             raise SpantrainError(f"EnvConfig.batch_scales must be positive integers, got {self.batch_scales}")
+        if self.start_kicks < 0:
+            raise SpantrainError(f"EnvConfig.start_kicks must be >= 0, got {self.start_kicks}")
         if self.pool_size < 0:
             raise SpantrainError(f"EnvConfig.pool_size must be >= 0, got {self.pool_size}")
         if self.seed_range[0] >= self.seed_range[1]:
@@ -223,7 +229,7 @@ class PlanEnv(gym.Env):
         base = generate(n, seed=seed, profile=profile)
         workload = scenario_workload(model, batch_scale)
         base_ev = Evaluator(base, workload)
-        start = self.start_provider(key, base_ev)
+        start = self._kicked(self.start_provider(key, base_ev), base_ev, workload)
         if not adapt:
             return Scenario(key=key, cluster=base, workload=workload, evaluator=base_ev, start=start)
         changed, what = network_change(base, self.np_random)
@@ -231,6 +237,21 @@ class PlanEnv(gym.Env):
         now = ev.evaluate(start.layout, start.shares, start.knobs)
         return Scenario(key=key, cluster=changed, workload=workload, evaluator=ev, start=now,
                         running=held_layers(start, workload.num_layers), change=what)
+
+    def _kicked(self, start: Candidate, ev: Evaluator, workload: Workload) -> Candidate:
+        """`start` after up to `start_kicks` random valid moves that keep it feasible."""
+        kicks = int(self.np_random.integers(self.config.start_kicks + 1)) if self.config.start_kicks else 0
+        n = len(ev.cluster)
+        stop = self.actions.knob0 + KNOBS.index("stop")
+        for _ in range(kicks):
+            mask = action_mask(start.layout, start.knobs, n, self.config.max_devices, workload.num_layers,
+                               workload.global_batch)
+            mask[stop] = False
+            kind, i, j = self.actions.decode(int(self.np_random.choice(np.flatnonzero(mask))))
+            cand = ev.balance(*apply_move(start.layout, start.knobs, kind, i, j))
+            if cand.feasible:
+                start = cand
+        return start
 
     def load(self, scenario: Scenario) -> None:
         """Start an episode on a given scenario (deployment and evaluation use this)."""
@@ -279,14 +300,13 @@ class PlanEnv(gym.Env):
     def step(self, action):
         assert self.scenario is not None, "call reset() first"
         self.t += 1
-        kind, i, j = self.actions.decode(int(action))
+        kind, i, _ = self.actions.decode(int(action))
         truncated = self.t >= self.config.max_steps
         if kind == "knob" and KNOBS[i] == "stop":
             return self._obs(), 0.0, True, False, self._info(stopped=True)
         if not self.valid_action_mask()[int(action)]:
             return self._obs(), -self.config.invalid_penalty, False, truncated, self._info(rejected="invalid")
-        layout, knobs = apply_move(self.current.layout, self.current.knobs, kind, i, j)
-        cand = self.scenario.evaluator.balance(layout, knobs)
+        cand = self.preview(int(action))
         if not cand.feasible:
             return self._obs(), -self.config.invalid_penalty, False, truncated, self._info(rejected="memory")
         before = self._effective(self.current)
@@ -296,6 +316,13 @@ class PlanEnv(gym.Env):
             self.best = cand
         reward = self.config.reward_scale * math.log(after / before)
         return self._obs(), float(reward), False, truncated, self._info()
+
+    def preview(self, action: int) -> Candidate:
+        """The plan a valid move (not stop) would lead to, without taking it; infeasible
+        when it does not fit memory."""
+        kind, i, j = self.actions.decode(int(action))
+        layout, knobs = apply_move(self.current.layout, self.current.knobs, kind, i, j)
+        return self.scenario.evaluator.balance(layout, knobs)
 
     def _effective(self, cand: Candidate) -> float:
         """Samples per second over the horizon, migration included."""

@@ -15,6 +15,12 @@ Adaptation: held-out scenarios where a region's links change under a running pla
 effective throughput over the remaining iterations, migration included, of keeping the
 plan, re-planning with the heuristic (and migrating), and letting the policy adapt it.
 
+Headroom: `lookahead`, the expert the policy imitates (`spantrain.policies.imitation`:
+every valid move tried with the cost model, the best taken while it gains, up to the
+episode length), from the same start, on training-size clusters (at 64 and 128 devices
+its thousands of moves per step take minutes a case). What it cannot find, a policy
+over the same moves is unlikely to.
+
 Sample efficiency comes from the policy file's training curve. Writes plots and a
 markdown table under experiments/results/, logs to W&B (offline by default).
 """
@@ -36,6 +42,7 @@ from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
+from spantrain.policies.imitation import expert_rollout
 from spantrain.policies.ppo import PPOPlanner, load_policy
 from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
@@ -47,6 +54,8 @@ MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
 TRAIN_SIZES = (8, 16, 24, 32)
 BEYOND_SIZES = (64, 128)
 BASELINES = ("ddp", "gpipe", "megatron")
+LOOKAHEAD_MAX_DEVICES = 32
+"""Largest cluster the lookahead expert is run on (its steps grow with devices squared)."""
 
 
 def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
@@ -70,6 +79,13 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, progress: bo
         results["ga"] = run_planner("ga", cluster, workload, budget_s=ga_budget_s)
         results["ppo"] = run_planner("ppo", cluster, workload, **({"policy": policy} if policy else {}))
         results["auto"] = run_planner("auto", cluster, workload, **({"policy": policy} if policy else {}))
+        if n <= LOOKAHEAD_MAX_DEVICES and results["heuristic"].feasible:
+            t0 = time.perf_counter()
+            ev = Evaluator(cluster, workload)
+            start = HeuristicPlanner().best_candidate(ev)
+            env = PlanEnv(EnvConfig(max_devices=n, min_devices=2))
+            env.load(Scenario(key=("eval",), cluster=cluster, workload=workload, evaluator=ev, start=start))
+            row["lookahead"] = {"iteration_s": expert_rollout(env).time, "plan_s": time.perf_counter() - t0}
         # the policy by itself, from a planner-free start
         t0 = time.perf_counter()
         try:
@@ -118,10 +134,13 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
         t0 = time.perf_counter()
         adapted = improve(net, scenario, steps=int(settings.get("max_steps", 12)), samples=4, seed=0,
                           horizon=env.config.horizon)
+        ppo_s = time.perf_counter() - t0
+        looked = expert_rollout(env)
         rows.append({"profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
                      "keep": env._effective(now), "heuristic": env._effective(replanned),
                      "heuristic_migration_s": env.migration_s(replanned), "ppo": env._effective(adapted),
-                     "ppo_migration_s": env.migration_s(adapted), "ppo_s": time.perf_counter() - t0})
+                     "ppo_migration_s": env.migration_s(adapted), "ppo_s": ppo_s,
+                     "lookahead": env._effective(looked)})
         bar.update()
     bar.close()
     return rows
@@ -142,7 +161,9 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
         if not group:
             continue
         entry = {"cases": len(group)}
-        for name in ("ppo", "auto", "ppo-alone", "ga", *BASELINES):
+        for name in ("ppo", "auto", "ppo-alone", "lookahead", "ga", *BASELINES):
+            if any(name not in r for r in group):
+                continue
             ratios = [r["heuristic"]["iteration_s"] / r[name]["iteration_s"] if np.isfinite(r[name]["iteration_s"])
                       else 0.0 for r in group]
             entry[name] = {"median_ratio": float(np.median(ratios)), "geomean_ratio": _geomean(ratios),
@@ -165,6 +186,10 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
             "ppo_at_least_heuristic": float(np.mean([a["ppo"] >= a["heuristic"] * (1 - 1e-9) for a in adapt])),
             "ppo_better_1pct_than_heuristic": float(np.mean([a["ppo"] >= a["heuristic"] * 1.01 for a in adapt])),
             "median_ppo_s": float(np.median([a["ppo_s"] for a in adapt])),
+            "lookahead_over_keep": _geomean([a["lookahead"] / a["keep"] for a in adapt]),
+            "lookahead_over_heuristic_replan": _geomean([a["lookahead"] / a["heuristic"] for a in adapt]),
+            "plan_affected": float(np.mean([max(a["heuristic"], a["lookahead"]) > a["keep"] * 1.001
+                                            for a in adapt])),
         }
     return out
 
@@ -177,7 +202,9 @@ def markdown(summary: dict) -> str:
     lines = ["| cases | planner | median ratio to heuristic | geomean (feasible plans) | >= 1% better | worse "
              "| median plan s | max plan s |", "|---|---|---|---|---|---|---|---|"]
     for label, entry in summary["planning"].items():
-        for name in ("ppo", "auto", "ppo-alone", "ga", *BASELINES):
+        for name in ("ppo", "auto", "ppo-alone", "lookahead", "ga", *BASELINES):
+            if name not in entry:
+                continue
             e = entry[name]
             lines.append(f"| {label} ({entry['cases']}) | {name} | {e['median_ratio']:.3f} | "
                          f"{_fmt(e['geomean_ratio'])} | {e['better_1pct']:.0%} | {e['worse']:.0%} | "
@@ -189,7 +216,11 @@ def markdown(summary: dict) -> str:
                   f"| ppo adapting vs heuristic re-plan (+ migration) | {a['ppo_over_heuristic_replan']:.3f} |",
                   f"| heuristic re-plan vs keeping the plan | {a['heuristic_replan_over_keep']:.3f} |",
                   f"| ppo at least as good as heuristic re-plan | {a['ppo_at_least_heuristic']:.0%} of cases |",
-                  f"| ppo >= 1% better than heuristic re-plan | {a['ppo_better_1pct_than_heuristic']:.0%} of cases |"]
+                  f"| ppo >= 1% better than heuristic re-plan | {a['ppo_better_1pct_than_heuristic']:.0%} of cases |",
+                  f"| lookahead expert vs keeping the plan | {a['lookahead_over_keep']:.3f} |",
+                  f"| lookahead expert vs heuristic re-plan (+ migration) | "
+                  f"{a['lookahead_over_heuristic_replan']:.3f} |",
+                  f"| cases where re-planning or the expert gains > 0.1 % | {a['plan_affected']:.0%} |"]
     lines.append(f"\nauto over the best of ddp/gpipe/megatron on cee (geomean): "
                  f"{summary['auto_over_best_baseline_cee']:.2f}x")
     return "\n".join(lines)

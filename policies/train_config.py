@@ -48,6 +48,15 @@ class TrainConfig:
     """Width of the graph encoder."""
     layers: int = 3
     """Message-passing layers."""
+    start_kicks: int = 0
+    """Up to this many random moves applied to each episode's starting plan (`EnvConfig.start_kicks`)."""
+    imitation_episodes: int = 0
+    """Episodes per DAgger round of imitating the one-step lookahead expert before PPO
+    (`spantrain.policies.imitation`; 0: PPO from a random policy)."""
+    imitation_rounds: int = 3
+    """DAgger rounds (the first follows the expert, the others the policy)."""
+    imitation_epochs: int = 8
+    """Passes over all labels so far after each round."""
     eval_every: int = 25_000
     """Steps between evaluations against the heuristic."""
     eval_scenarios: int = 24
@@ -66,8 +75,15 @@ class TrainConfig:
     """Free-form notes recorded with the run."""
 
     def __post_init__(self) -> None:
-        positive = ("timesteps", "n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
-                    "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers")
+        for name in ("timesteps", "start_kicks", "imitation_episodes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise SpantrainError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
+        if self.timesteps == 0 and self.imitation_episodes == 0:
+            raise SpantrainError("TrainConfig: timesteps and imitation_episodes are both 0: nothing to train")
+        positive = ("n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
+                    "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers",
+                    "imitation_rounds", "imitation_epochs")
         for name in positive:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -85,4 +101,4 @@ class TrainConfig:
 
         return EnvConfig(max_devices=self.max_devices, min_devices=self.min_devices, models=self.models,
                          max_steps=self.max_steps, adapt_prob=self.adapt_prob, pool_size=self.pool_size,
-                         pool_seed=self.seed)
+                         pool_seed=self.seed, start_kicks=self.start_kicks)

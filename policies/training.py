@@ -10,6 +10,7 @@ evaluation table in W&B (offline unless the user is logged in).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict
@@ -52,22 +53,48 @@ def _scenarios(keys: list[tuple], starts) -> list[Scenario]:
     return out
 
 
-def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int = 4, seed: int = 0) -> dict:
-    """Ratios of the policy's plan to the start (the heuristic's) over scenarios."""
+def _adaptation_scenarios(keys: list[tuple], starts, config: EnvConfig) -> list[Scenario]:
+    """Held-out adaptation scenarios: each key's heuristic plan running when its network
+    changes (changes drawn from a fixed seed)."""
+    env = PlanEnv(dataclasses.replace(config, adapt_prob=1.0, start_kicks=0), start=starts)
+    env.reset(seed=config.pool_seed)
+    out = []
+    for key in keys:
+        try:
+            out.append(env._build(key, adapt=True))
+        except SpantrainError:
+            continue
+    return out
+
+
+def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int = 4, seed: int = 0,
+                    horizon: int = 500) -> dict:
+    """Ratios of the policy's plan to the start (the heuristic's plan, or in adaptation
+    scenarios the running one) in effective throughput (migration included) over scenarios."""
     from spantrain.policies.ppo import improve
 
     ratios = []
+    adapt = []
     rows = []
     for sc in scenarios:
         t = time.perf_counter()
-        best = improve(net, sc, steps=steps, samples=samples, seed=seed)
-        ratio = sc.start.time / best.time
+        best = improve(net, sc, steps=steps, samples=samples, seed=seed, horizon=horizon)
+        env = PlanEnv(EnvConfig(max_devices=max(len(sc.cluster), 2), min_devices=2, horizon=horizon))
+        env.load(sc)
+        ratio = env._effective(best) / env._effective(sc.start)
         ratios.append(ratio)
-        rows.append([*map(str, sc.key), round(sc.start.time, 5), round(best.time, 5), round(ratio, 4),
-                     round(time.perf_counter() - t, 3)])
+        adapt.append(bool(sc.running))
+        rows.append([*map(str, sc.key), "adapt" if sc.running else "plan", round(sc.start.time, 5),
+                     round(best.time, 5), round(ratio, 4), round(time.perf_counter() - t, 3)])
     r = np.array(ratios) if ratios else np.array([1.0])
-    return {"median_ratio": float(np.median(r)), "geomean_ratio": float(np.exp(np.mean(np.log(r)))),
-            "better_1pct": float(np.mean(r >= 1.01)), "cases": len(ratios), "rows": rows}
+    a = np.array(adapt, dtype=bool) if ratios else np.array([False])
+
+    def geomean(x: np.ndarray) -> float:
+        return float(np.exp(np.mean(np.log(x)))) if len(x) else float("nan")
+
+    return {"median_ratio": float(np.median(r)), "geomean_ratio": geomean(r),
+            "better_1pct": float(np.mean(r >= 1.01)), "planning_geomean": geomean(r[~a]),
+            "adaptation_geomean": geomean(r[a]), "cases": len(ratios), "rows": rows}
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
@@ -95,7 +122,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     missing = starts.prepare(scenario_pool(env_cfg) + scenario_pool(eval_cfg), workers=config.workers,
                              progress=config.progress)
     t_starts = time.perf_counter() - t_start
-    eval_scenarios = _scenarios(scenario_pool(eval_cfg), starts)
+    eval_keys = scenario_pool(eval_cfg)
+    eval_scenarios = _scenarios(eval_keys, starts) + _adaptation_scenarios(eval_keys, starts, eval_cfg)
     if not eval_scenarios:
         raise SpantrainError("no held-out scenario has a feasible heuristic plan; widen models or sizes")
 
@@ -117,6 +145,31 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
     curve: list[dict[str, float]] = []
+    imitation: list[dict[str, Any]] = []
+    if config.imitation_episodes:
+        from spantrain.policies.imitation import clone
+
+        expert_env = PlanEnv(env_cfg, start=starts)
+        expert_env.reset(seed=config.seed + 7)
+        imitation = [asdict(s) for s in clone(model.policy, expert_env, episodes=config.imitation_episodes,
+                                               rounds=config.imitation_rounds, epochs=config.imitation_epochs,
+                                               gamma=config.gamma, seed=config.seed, progress=config.progress)]
+        tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
+
+    def checkpoint(steps: int) -> None:
+        """Held-out evaluation, logged, and a policy file."""
+        net.eval()
+        result = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
+        net.train()
+        point = {"steps": steps, **{k: result[k] for k in ("median_ratio", "geomean_ratio", "better_1pct",
+                                                             "planning_geomean", "adaptation_geomean")},
+                 "wall_s": time.perf_counter() - t_start}
+        curve.append(point)
+        tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
+        save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point)
+
+    if imitation:
+        checkpoint(0)
 
     class Hooks(BaseCallback):
         """Progress bar, episode stats, periodic held-out evaluation and checkpoints."""
@@ -152,29 +205,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 self.returns, self.gains = [], []
 
         def _evaluate(self) -> None:
-            net.eval()
-            result = evaluate_policy(net, eval_scenarios, steps=config.max_steps)
-            net.train()
-            point = {"steps": self.num_timesteps, "median_ratio": result["median_ratio"],
-                     "geomean_ratio": result["geomean_ratio"], "better_1pct": result["better_1pct"],
-                     "wall_s": time.perf_counter() - t_start}
-            curve.append(point)
-            tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=self.num_timesteps)
-            save_policy(net, out / "checkpoints" / f"policy-{self.num_timesteps}.pt", env=env_settings,
-                        meta={"steps": self.num_timesteps, **point})
+            checkpoint(self.num_timesteps)
 
         def _on_training_end(self) -> None:
             self.bar.close()
 
-    model.learn(total_timesteps=config.timesteps, callback=Hooks())
+    if config.timesteps:
+        model.learn(total_timesteps=config.timesteps, callback=Hooks())
     t_train = time.perf_counter() - t_start
     net.eval()
-    final = evaluate_policy(net, eval_scenarios, steps=config.max_steps)
+    final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
     meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
-            "curve": curve, "config": asdict(config)}
+            "curve": curve, "imitation": imitation, "config": asdict(config)}
     policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta)
-    columns = ["profile", "devices", "seed", "model", "batch_scale", "heuristic_s", "ppo_s", "ratio", "plan_s"]
+    columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio", "plan_s"]
     tracker.log_table("eval/final", columns, final["rows"])
     plot = _plot_curve(curve, out / "sample_efficiency.png")
     if plot:
@@ -182,7 +227,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
     tracker.finish()
     summary = {"policy": str(policy_path), "train_s": t_train, "starts_s": t_starts, "curve": curve,
-               "final": {k: v for k, v in final.items() if k != "rows"}}
+               "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -20,6 +20,7 @@ from spantrain.env.plan_env import (
     simple_start,
 )
 from spantrain.env.spaces import KNOBS, ActionLayout
+from spantrain.errors import SpantrainError
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 
@@ -135,3 +136,21 @@ def test_adaptation_counts_migration_and_network_change_is_real():
     flipped = ev.balance(tuple(tuple(reversed(p)) for p in start.layout), start.knobs)
     if flipped.layout != start.layout:
         assert env.migration_s(flipped) > 0
+
+
+def test_kicked_starts_are_feasible_seeded_and_off_the_planned_start():
+    """start_kicks: random valid moves on the starting plan, from the env's generator only."""
+    plain = dict(max_devices=8, min_devices=6, models=("gpt2-medium",), adapt_prob=0.0)
+    kicked = EnvConfig(**plain, start_kicks=4)
+    starts = []
+    for seed in range(6):
+        a, b, c = PlanEnv(kicked), PlanEnv(kicked), PlanEnv(EnvConfig(**plain))
+        a.reset(seed=seed), b.reset(seed=seed), c.reset(seed=seed)
+        assert a.scenario.start.feasible and a.scenario.start.layout == b.scenario.start.layout
+        assert a.scenario.start.knobs == b.scenario.start.knobs
+        starts.append((a.scenario.start.layout, a.scenario.start.knobs, c.scenario.start.layout,
+                       c.scenario.start.knobs))
+    # the same scenarios, but some episodes start from a moved plan
+    assert any((lay, k) != (lay0, k0) for lay, k, lay0, k0 in starts)
+    with pytest.raises(SpantrainError, match="start_kicks"):
+        EnvConfig(start_kicks=-1)

@@ -68,8 +68,12 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path):
     summary = train(TrainConfig(timesteps=96, n_envs=2, n_steps=48, batch_size=48, n_epochs=1, max_devices=6,
                                 min_devices=4, models=("gpt2-medium",), pool_size=4, eval_scenarios=2,
                                 eval_every=48, hidden=16, layers=1, track=True, progress=False, workers=1,
+                                imitation_episodes=2, imitation_rounds=2, imitation_epochs=1, start_kicks=2,
                                 out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache")))
-    assert (tmp_path / "run" / "ppo-policy.pt").exists() and len(summary["curve"]) == 2
+    # imitation first (evaluated as step 0), then PPO's two evaluations
+    assert (tmp_path / "run" / "ppo-policy.pt").exists() and [p["steps"] for p in summary["curve"]] == [0, 48, 96]
+    assert len(summary["imitation"]) == 2 and summary["imitation"][1]["samples"] > summary["imitation"][0]["samples"]
+    assert summary["final"]["cases"] == 4  # two held-out scenarios, planned and adapted
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
     _, env, meta = load_policy(summary["policy"])

@@ -1,0 +1,83 @@
+"""Imitation of the one-step lookahead expert: its moves, and a policy learning them."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from spantrain.env.evaluator import Evaluator
+from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, simple_start
+from spantrain.env.spaces import KNOBS
+from spantrain.policies.imitation import MIN_GAIN, _train, clone, collect, expert_action
+from spantrain.profiler.topology import generate
+from spantrain.workload import Workload
+
+
+def _scenario(n: int = 8, seed: int = 3, profile: str = "cee") -> Scenario:
+    ev = Evaluator(generate(n, seed=seed, profile=profile), Workload.from_preset("gpt2-medium"))
+    return Scenario(key=("t",), cluster=ev.cluster, workload=ev.workload, evaluator=ev,
+                    start=simple_start(("t",), ev))
+
+
+def test_expert_climbs_from_a_poor_plan_and_stops_where_no_move_pays():
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=2, max_steps=30))
+    env.load(_scenario())
+    stop = env.actions.knob0 + KNOBS.index("stop")
+    effective = [env._effective(env.current)]
+    for _ in range(30):
+        a = expert_action(env)
+        if a == stop:
+            break
+        assert env.valid_action_mask()[a]
+        _, reward, term, trunc, info = env.step(a)
+        assert "rejected" not in info and reward > 0
+        effective.append(env._effective(env.current))
+        if term or trunc:
+            break
+    # a planner-free start on a cee cluster leaves a lot to gain, each step at least MIN_GAIN
+    assert len(effective) > 2 and effective[-1] > 2 * effective[0]
+    assert all(b >= a * (1 + MIN_GAIN) for a, b in itertools.pairwise(effective))
+    if a == stop:  # no valid move gains MIN_GAIN any more
+        base = env._effective(env.current) * (1 + MIN_GAIN)
+        for b in np.flatnonzero(env.valid_action_mask()):
+            if b != stop:
+                cand = env.preview(int(b))
+                assert not cand.feasible or env._effective(cand) <= base
+
+
+def _maskable_model(env: PlanEnv):
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from spantrain.policies.extractor import MaskableGraphPolicy
+
+    return MaskablePPO(MaskableGraphPolicy, DummyVecEnv([lambda: env]), n_steps=16, batch_size=16, seed=0,
+                       device="cpu", policy_kwargs={"features_extractor_kwargs": {"hidden": 32, "layers": 2}})
+
+
+@pytest.mark.slow
+def test_policy_learns_the_expert_moves_it_was_shown():
+    torch.manual_seed(0)
+    env = PlanEnv(EnvConfig(max_devices=6, min_devices=4, models=("gpt2-medium",), pool_size=6, start_kicks=3,
+                            adapt_prob=0.5))
+    env.reset(seed=1)
+    data = collect(env, 8)
+    stop = env.actions.knob0 + KNOBS.index("stop")
+    assert len(data) >= 8 and any(a != stop for a in data.actions)  # kicked starts need repairs
+    assert len(data.returns) == len(data) and all(len(v) == len(data) for v in data.obs.values())
+    model = _maskable_model(env)
+    rng = np.random.default_rng(0)
+    _, accuracy = _train(model.policy, data, 100, 16, rng)
+    assert accuracy >= 0.8
+
+
+@pytest.mark.slow
+def test_dagger_rounds_grow_the_label_set():
+    env = PlanEnv(EnvConfig(max_devices=6, min_devices=4, models=("gpt2-medium",), pool_size=4, start_kicks=2))
+    env.reset(seed=2)
+    stats = clone(_maskable_model(env).policy, env, episodes=3, rounds=2, epochs=2)
+    assert len(stats) == 2 and stats[1].samples > stats[0].samples >= 3
+    assert all(0.0 <= s.accuracy <= 1.0 and 0.0 <= s.stop_share <= 1.0 for s in stats)
