@@ -11,7 +11,7 @@ import torch
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, simple_start
 from spantrain.env.spaces import KNOBS
-from spantrain.policies.imitation import MIN_GAIN, _train, clone, collect, expert_action
+from spantrain.policies.imitation import MIN_GAIN, _train, clone, collect, expert_action, expert_rollout
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 
@@ -40,6 +40,9 @@ def test_expert_climbs_from_a_poor_plan_and_stops_where_no_move_pays():
     # a planner-free start on a cee cluster leaves a lot to gain, each step at least MIN_GAIN
     assert len(effective) > 2 and effective[-1] > 2 * effective[0]
     assert all(b >= a * (1 + MIN_GAIN) for a, b in itertools.pairwise(effective))
+    again = PlanEnv(EnvConfig(max_devices=8, min_devices=2, max_steps=30))
+    again.load(_scenario())
+    assert expert_rollout(again).time == env.best.time  # the same climb, as a helper
     if a == stop:  # no valid move gains MIN_GAIN any more
         base = env._effective(env.current) * (1 + MIN_GAIN)
         for b in np.flatnonzero(env.valid_action_mask()):
