@@ -28,7 +28,7 @@ spantrain run --cluster examples/cee-demo.yaml --model tiny-gpt --planner heuris
 
 step "7. Train the scheduling policy for about a minute (the shipped one: see README, 'The learned planner')"
 spantrain train-policy --timesteps 2048 --pool-size 16 --eval-every 1024 --eval-scenarios 4 \
-  --out-dir "$OUT/policy"
+  --imitation-episodes 8 --imitation-rounds 2 --out-dir "$OUT/policy"
 
 echo
 echo "demo outputs are in $OUT/ (W&B runs are offline; 'wandb sync' uploads them)"

@@ -203,7 +203,13 @@ class HeuristicPlanner:
             idle = sorted({labels[d]: d for d in sorted(set(range(len(ev.cluster))).difference(*cur.layout),
                                                         reverse=True)}.values())
             for i in eligible:
+                # pipelines equal up to interchangeable devices cost the same: score each once
+                seen = {tuple(labels[d] for d in cur.layout[i])}
                 for pipe in _pipeline_moves(cur.layout[i], idle, search.device_group):
+                    classes = tuple(labels[d] for d in pipe)
+                    if classes in seen:
+                        continue
+                    seen.add(classes)
                     c = ev.balance((*cur.layout[:i], pipe, *cur.layout[i + 1:]), cur.knobs, refit=1, moves=0)
                     if _better(c, step):
                         step = c

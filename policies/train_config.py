@@ -14,8 +14,8 @@ __all__ = ["TrainConfig"]
 class TrainConfig:
     """Everything a training run needs; `spantrain train-policy` exposes each field as a flag."""
 
-    timesteps: int = 150_000
-    """Environment steps in total (over all environments)."""
+    timesteps: int = 25_000
+    """PPO environment steps in total (over all environments), after imitation."""
     n_envs: int = 8
     """Environments stepped together (one process; env steps are cheap next to the network)."""
     min_devices: int = 4
@@ -32,8 +32,8 @@ class TrainConfig:
     """Moves per episode."""
     seed: int = 0
     """Seed of the pool, the environments and the network initialization."""
-    learning_rate: float = 3e-4
-    """Adam learning rate of PPO."""
+    learning_rate: float = 1e-4
+    """Adam learning rate of PPO (fine-tuning the imitation result: small steps)."""
     n_steps: int = 64
     """Steps per environment per PPO rollout."""
     batch_size: int = 128
@@ -48,9 +48,9 @@ class TrainConfig:
     """Width of the graph encoder."""
     layers: int = 3
     """Message-passing layers."""
-    start_kicks: int = 0
+    start_kicks: int = 4
     """Up to this many random moves applied to each episode's starting plan (`EnvConfig.start_kicks`)."""
-    imitation_episodes: int = 0
+    imitation_episodes: int = 250
     """Episodes per DAgger round of imitating the one-step lookahead expert before PPO
     (`spantrain.policies.imitation`; 0: PPO from a random policy)."""
     imitation_rounds: int = 3

@@ -17,6 +17,6 @@ def test_bad_field_is_named(field, value):
 
 def test_nothing_to_train_is_an_error_but_imitation_alone_is_fine():
     with pytest.raises(SpantrainError, match="nothing to train"):
-        TrainConfig(timesteps=0)
+        TrainConfig(timesteps=0, imitation_episodes=0)
     config = TrainConfig(timesteps=0, imitation_episodes=10, start_kicks=3)
     assert config.env_config().start_kicks == 3
