@@ -32,9 +32,10 @@
    1, 2, 4, 8 (upward while they help), sync allreduce or hierarchical (local SGD only
    with `allow_local_sgd=True`, since it changes training semantics), re-balancing the
    batch shares for each.
-6. **Again** with the tuned knobs (or the best zero-bubble ones): a zero-bubble
-   schedule makes longer pipelines over slower links worth it, so steps 3-5 run once
-   more from the structure the best plan grew from; finally the layout is refined
+6. **Again** with the tuned knobs (or the best zero-bubble ones, or ZB-H1 when no
+   zero-bubble plan fit the layouts tuned so far): a zero-bubble schedule makes longer
+   pipelines over slower links worth it, and fewer of them can fit where many short
+   ones did not, so steps 3-5 run once more from the structure the best plan grew from; finally the layout is refined
    under the final knobs and under each schedule that does not fit its memory
    (dropping or moving a device can make a zero-bubble schedule fit).
 7. **Order and trim** long pipelines (11-16 stages, where step 4 moves single devices
@@ -126,10 +127,18 @@ class HeuristicPlanner:
         search = _ChainSearch(ev, self.config)
         best, alt, origin = self._pass(search, _PROBE, None)
         # second pass under the tuned knobs, or the best zero-bubble ones when 1F1B stayed best,
-        # from the structure the best plan grew from
-        second = best if best.knobs != _PROBE else alt
-        if best.feasible and second is not None and second.feasible:
-            again, _, _ = self._pass(search, second.knobs, origin)
+        # or ZB-H1 when no zero-bubble plan fit the layouts tuned so far (fewer, longer
+        # pipelines may), from the structure the best plan grew from
+        if best.knobs != _PROBE:
+            second: Knobs | None = best.knobs
+        elif alt is not None and alt.feasible:
+            second = alt.knobs
+        elif any(len(p) > 1 for p in best.layout):
+            second = Knobs(micro_batch_size=1, schedule="zb-h1", sync=_PROBE.sync)
+        else:
+            second = None
+        if best.feasible and second is not None:
+            again, _, _ = self._pass(search, second, origin)
             if again.rank < best.rank:
                 best = again
         best = self._final_refine(search, best)

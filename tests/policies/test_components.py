@@ -232,3 +232,19 @@ def test_long_pipeline_sheds_two_devices_where_shedding_one_does_not_pay():
     better = HeuristicPlanner()._order_long_pipelines(_ChainSearch(ev, HeuristicConfig()), start)
     assert better.feasible and better.time < 0.98 * tune_knobs(ev, start, False)[0].time
     assert len(better.layout[0]) < len(pipe)
+
+
+def test_zero_bubble_second_pass_runs_when_no_zero_bubble_plan_fit():
+    """datacenter-32 (seed 1799428), llama2-7b: under 1F1B the best plan is 8 pipelines of 4
+    stages, where no zero-bubble schedule fits memory; 4 longer pipelines under ZB-H1 beat it
+    by far. The heuristic must search again under ZB-H1 and beat the plan ga once found
+    (3 pipelines of 10 stages, ZB-H2) instead of stopping at 1F1B."""
+    from spantrain.policies.heuristic import HeuristicPlanner
+
+    ev = Evaluator(generate(32, 1799428, "datacenter"), Workload.from_preset("llama2-7b"))
+    ga_plan = ev.balance(((0, 9, 31, 15, 17, 11, 3, 26, 28, 18), (2, 13, 12, 16, 19, 24, 30, 25, 23, 6),
+                          (5, 14, 7, 8, 22, 29, 4, 20, 10, 27)),
+                         Knobs(micro_batch_size=1, schedule="zb-h2", sync="allreduce"))
+    best = HeuristicPlanner().best_candidate(ev)
+    assert ga_plan.feasible and best.time <= ga_plan.time
+    assert best.knobs.schedule.startswith("zb")
