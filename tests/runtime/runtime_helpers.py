@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,13 @@ EXACT_EPS = 1.0
 magnitude, so elements whose true gradient is ~1e-9 flip sign on float noise and the
 comparison would test rounding, not the runtime; a large epsilon keeps the update
 proportional to the gradient, so every gradient error shows, including a wrong scale."""
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for children a test interrupts: a suite started as a background job
+    (`cmd &` in a script) passes SIGINT ignored to its children, and Python then installs
+    no KeyboardInterrupt handler; a user's terminal would not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def plan(schedule: str, sync: str, pipelines: list[tuple[int, int, list[tuple[str, int, int]]]],

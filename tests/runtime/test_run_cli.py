@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from runtime_helpers import BATCH, EXACT_EPS, LR, plan, spantrain_here, workload, write_inputs
+from runtime_helpers import BATCH, EXACT_EPS, LR, default_sigint, plan, spantrain_here, workload, write_inputs
 
 from spantrain.runtime.checkpoint import read_tensors
 from spantrain.runtime.config import OptimConfig
@@ -50,7 +50,8 @@ def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
                              "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
                              "--checkpoint-dir", str(ckpt), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
