@@ -211,9 +211,14 @@ class HeuristicPlanner:
             # one idle device per class of interchangeable devices: the others give the same plans
             idle = sorted({labels[d]: d for d in sorted(set(range(len(ev.cluster))).difference(*cur.layout),
                                                         reverse=True)}.values())
+            moved: set[tuple[int, ...]] = set()
             for i in eligible:
-                # pipelines equal up to interchangeable devices cost the same: score each once
+                # pipelines equal up to interchangeable devices cost the same, and so do the
+                # same moves on two such pipelines: score each once
                 seen = {tuple(labels[d] for d in cur.layout[i])}
+                if seen <= moved:
+                    continue
+                moved |= seen
                 for pipe in _pipeline_moves(cur.layout[i], idle, search.device_group):
                     classes = tuple(labels[d] for d in pipe)
                     if classes in seen:
