@@ -242,7 +242,7 @@ class PlanEnv(gym.Env):
         """`start` after up to `start_kicks` random valid moves that keep it feasible."""
         kicks = int(self.np_random.integers(self.config.start_kicks + 1)) if self.config.start_kicks else 0
         n = len(ev.cluster)
-        stop = self.actions.knob0 + KNOBS.index("stop")
+        stop = self.actions.stop
         for _ in range(kicks):
             mask = action_mask(start.layout, start.knobs, n, self.config.max_devices, workload.num_layers,
                                workload.global_batch)

@@ -68,6 +68,11 @@ class ActionLayout:
     def size(self) -> int:
         return self.knob0 + len(KNOBS)
 
+    @property
+    def stop(self) -> int:
+        """The stop action."""
+        return self.knob0 + KNOBS.index("stop")
+
     def decode(self, action: int) -> tuple[str, int, int]:
         """(kind, i, j) with kind in insert/swap/idle/solo/knob; j = -1 where unused, i = knob index for knobs."""
         a = int(action)

@@ -35,9 +35,9 @@
 6. **Again** with the tuned knobs (or the best zero-bubble ones, or ZB-H1 when no
    zero-bubble plan fit the layouts tuned so far): a zero-bubble schedule makes longer
    pipelines over slower links worth it, and fewer of them can fit where many short
-   ones did not, so steps 3-5 run once more from the structure the best plan grew from; finally the layout is refined
-   under the final knobs and under each schedule that does not fit its memory
-   (dropping or moving a device can make a zero-bubble schedule fit).
+   ones did not, so steps 3-5 run once more from the structure the best plan grew from;
+   finally the layout is refined under the final knobs and under each schedule that does
+   not fit its memory (dropping or moving a device can make a zero-bubble schedule fit).
 7. **Order and trim** long pipelines (11-16 stages, where step 4 moves single devices
    only by dropping them): under the final knobs, while it helps, swap two devices or
    move one elsewhere in its pipeline, drop any device, trim a network group's run of

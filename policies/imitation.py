@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spantrain.env.evaluator import Candidate
 from spantrain.env.plan_env import PlanEnv
-from spantrain.env.spaces import KNOBS
 
 __all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "collect", "clone"]
 
@@ -36,7 +36,7 @@ MIN_GAIN = 1e-3
 
 def expert_action(env: PlanEnv) -> int:
     """The valid move that raises effective throughput most, or stop when none gains `MIN_GAIN`."""
-    stop = env.actions.knob0 + KNOBS.index("stop")
+    stop = env.actions.stop
     best_eff = env._effective(env.current) * (1 + MIN_GAIN)
     best = stop
     for a in np.flatnonzero(env.valid_action_mask()):
@@ -50,10 +50,10 @@ def expert_action(env: PlanEnv) -> int:
     return best
 
 
-def expert_rollout(env: PlanEnv):
+def expert_rollout(env: PlanEnv) -> Candidate:
     """Follow the expert from the loaded scenario's start until it stops or the episode
     ends; the best plan visited (the headroom a perfect imitator of it would reach)."""
-    stop = env.actions.knob0 + KNOBS.index("stop")
+    stop = env.actions.stop
     done = False
     while not done:
         action = expert_action(env)
@@ -181,9 +181,8 @@ def clone(policy, env: PlanEnv, *, episodes: int, rounds: int, epochs: int, batc
     for r in range(rounds):
         data = collect(env, episodes, act=None if r == 0 else act, gamma=gamma, samples=data, progress=bar)
         loss, accuracy = _train(policy, data, epochs, batch_size, rng, lr)
-        stop = env.actions.knob0 + KNOBS.index("stop")
-        stats.append(ImitationStats(samples=len(data), stop_share=float(np.mean(np.array(data.actions) == stop)),
-                                    accuracy=accuracy, loss=loss))
+        stop_share = float(np.mean(np.array(data.actions) == env.actions.stop))
+        stats.append(ImitationStats(samples=len(data), stop_share=stop_share, accuracy=accuracy, loss=loss))
         bar.set_postfix(samples=len(data), acc=f"{accuracy:.2f}")
     bar.close()
     return stats

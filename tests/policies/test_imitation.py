@@ -10,7 +10,6 @@ import torch
 
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, simple_start
-from spantrain.env.spaces import KNOBS
 from spantrain.policies.imitation import MIN_GAIN, _train, clone, collect, expert_action, expert_rollout
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
@@ -25,7 +24,7 @@ def _scenario(n: int = 8, seed: int = 3, profile: str = "cee") -> Scenario:
 def test_expert_climbs_from_a_poor_plan_and_stops_where_no_move_pays():
     env = PlanEnv(EnvConfig(max_devices=8, min_devices=2, max_steps=30))
     env.load(_scenario())
-    stop = env.actions.knob0 + KNOBS.index("stop")
+    stop = env.actions.stop
     effective = [env._effective(env.current)]
     for _ in range(30):
         a = expert_action(env)
@@ -68,7 +67,7 @@ def test_policy_learns_the_expert_moves_it_was_shown():
                             adapt_prob=0.5))
     env.reset(seed=1)
     data = collect(env, 8)
-    stop = env.actions.knob0 + KNOBS.index("stop")
+    stop = env.actions.stop
     assert len(data) >= 8 and any(a != stop for a in data.actions)  # kicked starts need repairs
     assert len(data.returns) == len(data) and all(len(v) == len(data) for v in data.obs.values())
     model = _maskable_model(env)
