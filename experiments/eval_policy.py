@@ -15,11 +15,13 @@ Adaptation: held-out scenarios where a region's links change under a running pla
 effective throughput over the remaining iterations, migration included, of keeping the
 plan, re-planning with the heuristic (and migrating), and letting the policy adapt it.
 
-Headroom: `lookahead`, the expert the policy imitates (`spantrain.policies.imitation`:
-every valid move tried with the cost model, the best taken while it gains, up to the
-episode length), from the same start, on training-size clusters (at 64 and 128 devices
-its thousands of moves per step take minutes a case). What it cannot find, a policy
-over the same moves is unlikely to.
+Headroom, from the same start (the heuristic's plan), with the cost model as the judge:
+`lookahead`, the expert the policy imitates (`spantrain.policies.imitation`: every
+valid move tried, the best taken while it gains, up to the episode length), at every
+size; `beam`, a beam search over the same moves (`--beam-width` plans a level, as deep
+as an episode, passing through worse plans) at training sizes (8-32 devices; at 64 and
+more its hundreds of thousands of cost-model calls take minutes a case). What they
+cannot find within an episode's moves, a policy over those moves cannot reach either.
 
 Sample efficiency comes from the policy file's training curve. Writes plots and a
 markdown table under experiments/results/, logs to W&B (offline by default).
@@ -42,7 +44,7 @@ from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
-from spantrain.policies.imitation import expert_rollout
+from spantrain.policies.imitation import beam_search, expert_rollout
 from spantrain.policies.ppo import PPOPlanner, load_policy
 from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
@@ -54,8 +56,10 @@ MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
 TRAIN_SIZES = (8, 16, 24, 32)
 BEYOND_SIZES = (64, 128)
 BASELINES = ("ddp", "gpipe", "megatron")
-LOOKAHEAD_MAX_DEVICES = 32
-"""Largest cluster the lookahead expert is run on (its steps grow with devices squared)."""
+PLANNERS = ("ppo", "auto", "ppo-alone", "lookahead", "beam", "ga", *BASELINES)
+"""Rows of the planning table, in order (headroom searches and baselines included)."""
+BEAM_MAX_DEVICES = 32
+"""Largest cluster the beam search runs on (its cost grows with devices squared)."""
 
 
 def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
@@ -66,7 +70,17 @@ def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
     return [(p, n, int(rng.integers(*EVAL_SEED_RANGE)), m) for n in sizes for p in profiles for m in models]
 
 
-def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, progress: bool) -> list[dict]:
+def _headroom(cluster, workload, search) -> dict:
+    """`search(env)` from the heuristic's plan: its plan's time and the wall time, start included."""
+    t0 = time.perf_counter()
+    ev = Evaluator(cluster, workload)
+    start = HeuristicPlanner().best_candidate(ev)
+    env = PlanEnv(EnvConfig(max_devices=len(cluster), min_devices=2))
+    env.load(Scenario(key=("eval",), cluster=cluster, workload=workload, evaluator=ev, start=start))
+    return {"iteration_s": search(env).time, "plan_s": time.perf_counter() - t0}
+
+
+def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool) -> list[dict]:
     from tqdm import tqdm
 
     net, _, _ = load_policy(policy)
@@ -79,13 +93,10 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, progress: bo
         results["ga"] = run_planner("ga", cluster, workload, budget_s=ga_budget_s)
         results["ppo"] = run_planner("ppo", cluster, workload, **({"policy": policy} if policy else {}))
         results["auto"] = run_planner("auto", cluster, workload, **({"policy": policy} if policy else {}))
-        if n <= LOOKAHEAD_MAX_DEVICES and results["heuristic"].feasible:
-            t0 = time.perf_counter()
-            ev = Evaluator(cluster, workload)
-            start = HeuristicPlanner().best_candidate(ev)
-            env = PlanEnv(EnvConfig(max_devices=n, min_devices=2))
-            env.load(Scenario(key=("eval",), cluster=cluster, workload=workload, evaluator=ev, start=start))
-            row["lookahead"] = {"iteration_s": expert_rollout(env).time, "plan_s": time.perf_counter() - t0}
+        if results["heuristic"].feasible:
+            row["lookahead"] = _headroom(cluster, workload, expert_rollout)
+            if beam_width and n <= BEAM_MAX_DEVICES:
+                row["beam"] = _headroom(cluster, workload, lambda env: beam_search(env, beam_width))
         # the policy by itself, from a planner-free start
         t0 = time.perf_counter()
         try:
@@ -161,7 +172,7 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
         if not group:
             continue
         entry = {"cases": len(group)}
-        for name in ("ppo", "auto", "ppo-alone", "lookahead", "ga", *BASELINES):
+        for name in PLANNERS:
             if any(name not in r for r in group):
                 continue
             ratios = [r["heuristic"]["iteration_s"] / r[name]["iteration_s"] if np.isfinite(r[name]["iteration_s"])
@@ -202,7 +213,7 @@ def markdown(summary: dict) -> str:
     lines = ["| cases | planner | median ratio to heuristic | geomean (feasible plans) | >= 1% better | worse "
              "| median plan s | max plan s |", "|---|---|---|---|---|---|---|---|"]
     for label, entry in summary["planning"].items():
-        for name in ("ppo", "auto", "ppo-alone", "lookahead", "ga", *BASELINES):
+        for name in PLANNERS:
             if name not in entry:
                 continue
             e = entry[name]
@@ -281,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quick", action="store_true", help="a few cases only (smoke test)")
     p.add_argument("--ga-budget-s", type=float, default=2.0, help="ga time budget per case (default 2 s)")
+    p.add_argument("--beam-width", type=int, default=8,
+                   help="plans per level of the headroom beam search (default 8; 0: skip it)")
     p.add_argument("--out", default=str(RESULTS), help="where plots and tables go")
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -294,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, progress)
+    if args.beam_width < 0:
+        print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
+        return 2
+    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress)
     adapt = adaptation_cases(args.policy, args.quick, progress)
     summary = summarize(rows, adapt)
     summary["wall_s"] = time.perf_counter() - t0

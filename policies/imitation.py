@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.env.evaluator import Candidate
+from spantrain.env.moves import action_mask, apply_move, canonical
 from spantrain.env.plan_env import PlanEnv
 
-__all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "collect", "clone"]
+__all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "beam_search", "collect", "clone"]
 
 MIN_GAIN = 1e-3
 """Relative gain in effective throughput below which the expert stops."""
@@ -62,6 +63,46 @@ def expert_rollout(env: PlanEnv) -> Candidate:
         _, _, term, trunc, _ = env.step(action)
         done = term or trunc
     return env.best
+
+
+def beam_search(env: PlanEnv, width: int = 8, depth: int | None = None) -> Candidate:
+    """The best plan within `depth` moves (the episode length when None) of the current
+    one, by beam search: every valid move of each of the `width` best plans of a level
+    (plans seen before skipped), the `width` best feasible results form the next level.
+    Unlike the lookahead expert it passes through worse plans, so it finds improvements
+    that need several moves; a bound on what a policy over these moves can reach from
+    here, at `width` x depth x (valid moves) cost-model calls."""
+    if width < 1:
+        raise ValueError(f"beam_search: width must be >= 1, got {width}")
+    s = env.scenario
+    n = len(s.cluster)
+    stop = env.actions.stop
+    depth = env.config.max_steps if depth is None else depth
+    seen = {(canonical(env.current.layout), env.current.knobs)}
+    level = [env.current]
+    best = env.current
+    for _ in range(depth):
+        children = []
+        for cand in level:
+            mask = action_mask(cand.layout, cand.knobs, n, env.config.max_devices, s.workload.num_layers,
+                               s.workload.global_batch)
+            mask[stop] = False
+            for a in np.flatnonzero(mask):
+                layout, knobs = apply_move(cand.layout, cand.knobs, *env.actions.decode(int(a)))
+                key = (canonical(layout), knobs)
+                if key in seen:
+                    continue
+                seen.add(key)
+                child = s.evaluator.balance(layout, knobs)
+                if child.feasible:
+                    children.append((env._effective(child), len(children), child))
+        if not children:
+            break
+        children.sort(key=lambda x: (-x[0], x[1]))
+        level = [c for _, _, c in children[:width]]
+        if children[0][0] > env._effective(best):
+            best = level[0]
+    return best
 
 
 @dataclass

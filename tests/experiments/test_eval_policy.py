@@ -17,5 +17,9 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     for entry in summary["planning"].values():
         # auto is the better of ppo and heuristic, so it is never below the heuristic
         assert entry["auto"]["worse"] == 0.0
+        # the headroom searches start from the heuristic's plan and keep the best they visit
+        assert entry["lookahead"]["worse"] == 0.0
+    assert summary["planning"]["training sizes (8-32)"]["beam"]["worse"] == 0.0
+    assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
     assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios.png", "policy_latency.png"}
     assert (tmp_path / "eval_policy_quick.md").read_text().startswith("| cases | planner |")

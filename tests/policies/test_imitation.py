@@ -10,7 +10,15 @@ import torch
 
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, simple_start
-from spantrain.policies.imitation import MIN_GAIN, _train, clone, collect, expert_action, expert_rollout
+from spantrain.policies.imitation import (
+    MIN_GAIN,
+    _train,
+    beam_search,
+    clone,
+    collect,
+    expert_action,
+    expert_rollout,
+)
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 
@@ -83,3 +91,19 @@ def test_dagger_rounds_grow_the_label_set():
     stats = clone(_maskable_model(env).policy, env, episodes=3, rounds=2, epochs=2)
     assert len(stats) == 2 and stats[1].samples > stats[0].samples >= 3
     assert all(0.0 <= s.accuracy <= 1.0 and 0.0 <= s.stop_share <= 1.0 for s in stats)
+
+
+def test_beam_search_reaches_at_least_the_lookahead_experts_plan():
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=2, max_steps=6))
+    env.load(_scenario())
+    start = env.current
+    assert beam_search(env, width=3, depth=0) is start
+    wide = beam_search(env, width=3)
+    assert env.current is start  # a search, not a walk: the episode is untouched
+    assert wide.feasible and beam_search(env, width=3).time == wide.time  # deterministic
+    # width 1 follows the expert's climb and keeps going past where it stops
+    narrow = beam_search(env, width=1)
+    assert env._effective(narrow) >= env._effective(expert_rollout(env)) > 2 * env._effective(start)
+    assert env._effective(wide) >= env._effective(narrow) * (1 - 1e-9)
+    with pytest.raises(ValueError, match="width"):
+        beam_search(env, width=0)
