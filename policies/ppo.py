@@ -2,9 +2,9 @@
 
 `ppo` starts from the heuristic's plan (or, when adapting, from the plan that is
 running) and lets the policy improve it by moves in `PlanEnv`: one deterministic
-rollout plus a few sampled ones, run as one batch through the network; the cost model
-scores every plan visited and the best one wins, so the result is never worse than the
-start. The network is size-agnostic, so the environment is padded to the cluster's own
+rollout plus a few sampled ones (`default_samples`), run as one batch through the
+network; the cost model scores every plan visited and the best one wins, so the result
+is never worse than the start. The network is size-agnostic, so the environment is padded to the cluster's own
 size: a policy trained on 4-32 devices plans 128.
 
 `auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when no
@@ -34,7 +34,7 @@ from spantrain.plan import Plan
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
-           "improve"]
+           "improve", "default_samples"]
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
 _FORMAT = 1
@@ -85,18 +85,26 @@ class PPOConfig:
 
     policy: str | None = None
     """Policy file; the shipped policy when None."""
-    samples: int = 4
-    """Sampled rollouts besides the deterministic one."""
+    samples: int | None = None
+    """Sampled rollouts besides the deterministic one; None: `default_samples` of the
+    cluster's size (4 up to 32 devices, fewer beyond, to keep plan latency flat)."""
     steps: int | None = None
     """Moves per rollout; the policy's training episode length when None."""
     seed: int = 0
     """Seed of the sampled rollouts."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
+                                         or self.samples < 0):
             raise SpantrainError(f"ppo: samples must be an integer >= 0, got {self.samples!r}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise SpantrainError(f"ppo: steps must be a positive integer, got {self.steps!r}")
+
+
+def default_samples(devices: int) -> int:
+    """Sampled rollouts for a cluster: 4 up to 32 devices, then halved as the cluster
+    doubles (a rollout's steps cost about linearly in devices), at least 1."""
+    return max(1, min(4, 128 // max(devices, 1)))
 
 
 def improve(net, scenario, *, steps: int, samples: int, seed: int, horizon: int = 500) -> Candidate:
@@ -181,7 +189,10 @@ class PPOPlanner:
 
     def improve(self, net, scenario) -> Candidate:
         steps = self.config.steps or int(self._env_settings.get("max_steps", 12))
-        return improve(net, scenario, steps=steps, samples=self.config.samples, seed=self.config.seed,
+        samples = self.config.samples
+        if samples is None:
+            samples = default_samples(len(scenario.cluster))
+        return improve(net, scenario, steps=steps, samples=samples, seed=self.config.seed,
                        horizon=int(self._env_settings.get("horizon", 500)))
 
 

@@ -123,3 +123,22 @@ def test_corrupt_policy_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not a policy")
     with pytest.raises(PolicyError, match="unusable"):
         load_policy(bad)
+
+
+def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):
+    from spantrain.policies import ppo
+
+    assert [ppo.default_samples(n) for n in (4, 32, 64, 128, 1024)] == [4, 4, 2, 1, 1]
+    seen = []
+    real = ppo.improve
+
+    def spy(net, scenario, **kw):
+        seen.append((len(scenario.cluster), kw["samples"]))
+        return real(net, scenario, **kw)
+
+    monkeypatch.setattr(ppo, "improve", spy)
+    workload = Workload.from_preset("gpt2-medium")
+    for n in (8, 64):
+        ppo.PPOPlanner().plan(generate(n, seed=4, profile="geo"), workload)
+    ppo.PPOPlanner(samples=3).plan(generate(8, seed=4, profile="geo"), workload)
+    assert seen == [(8, 4), (64, 2), (8, 3)]
