@@ -298,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    if args.beam_width < 0:
+        print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
@@ -307,9 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    if args.beam_width < 0:
-        print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
-        return 2
     rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress)
     adapt = adaptation_cases(args.policy, args.quick, progress)
     summary = summarize(rows, adapt)

@@ -23,3 +23,9 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
     assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios.png", "policy_latency.png"}
     assert (tmp_path / "eval_policy_quick.md").read_text().startswith("| cases | planner |")
+
+
+def test_negative_beam_width_is_a_one_line_error(tmp_path, capsys):
+    assert eval_policy.main(["--beam-width", "-1", "--out", str(tmp_path), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "eval_policy: error: --beam-width must be >= 0, got -1" and not list(tmp_path.iterdir())
