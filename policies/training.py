@@ -4,8 +4,10 @@
 disk, computed in parallel), runs sb3-contrib's `MaskablePPO` with the graph policy over
 vectorized environments, evaluates against the heuristic on held-out scenarios (cluster
 seeds training never draws) every `eval_every` steps, writes a policy file at every
-evaluation and at the end, and tracks config, reward and evaluation curves and the final
-evaluation table in W&B (offline unless the user is logged in).
+evaluation and at the end, plus `best-policy.pt`: the one with the best held-out geomean
+(the final one on a tie; PPO fine-tuning can drift below the imitation it starts from),
+and tracks config, reward and evaluation curves and the final evaluation table in W&B
+(offline unless the user is logged in).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from spantrain.policies.extractor import MaskableGraphPolicy
-    from spantrain.policies.ppo import save_policy
+    from spantrain.policies.ppo import load_policy, save_policy
     from spantrain.policies.starts import HeuristicStarts
     from spantrain.tracking import Tracker
 
@@ -145,6 +147,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
     curve: list[dict[str, float]] = []
+    best: dict[str, Any] = {}
+    """The checkpoint with the best held-out geomean so far (PPO can drift below imitation's)."""
     imitation: list[dict[str, Any]] = []
     if config.imitation_episodes:
         from spantrain.policies.imitation import clone
@@ -166,7 +170,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                  "wall_s": time.perf_counter() - t_start}
         curve.append(point)
         tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
-        save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point)
+        path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point)
+        if not best or point["geomean_ratio"] > best["geomean_ratio"]:
+            best.update(point, policy=str(path))
 
     if imitation:
         checkpoint(0)
@@ -219,6 +225,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
             "curve": curve, "imitation": imitation, "config": asdict(config)}
     policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta)
+    if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
+        best = {"steps": config.timesteps, "geomean_ratio": final["geomean_ratio"], "policy": str(policy_path)}
+    # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
+    chosen, _, _ = load_policy(best["policy"])
+    best_path = save_policy(chosen, out / "best-policy.pt", env=env_settings,
+                            meta={**meta, "selected_steps": best["steps"]})
+    best = {"steps": best["steps"], "geomean_ratio": best["geomean_ratio"], "policy": str(best_path)}
     columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio", "plan_s"]
     tracker.log_table("eval/final", columns, final["rows"])
     plot = _plot_curve(curve, out / "sample_efficiency.png")
@@ -226,7 +239,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tracker.log_image("eval/curve", plot)
     tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
     tracker.finish()
-    summary = {"policy": str(policy_path), "train_s": t_train, "starts_s": t_starts, "curve": curve,
+    summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts, "curve": curve,
                "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -14,7 +14,8 @@ def register(p: argparse.ArgumentParser) -> None:
 
     add_dataclass_args(p, TrainConfig, skip={"extra"})
     p.add_argument("--ship", action="store_true",
-                   help="also copy the final policy into the package (what `ppo`/`auto` load by default)")
+                   help="also copy the best policy (best-policy.pt: the best held-out evaluation) into the "
+                        "package, what `ppo`/`auto` load by default")
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     summary = train(config)
     if args.ship:
         SHIPPED_POLICY.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(summary["policy"], SHIPPED_POLICY)
+        shutil.copyfile(summary["best"]["policy"], SHIPPED_POLICY)
         summary["shipped"] = str(SHIPPED_POLICY)
     if args.json:
         print_json(summary)
@@ -43,4 +44,7 @@ def run(args: argparse.Namespace) -> int:
           f"vs the start median {final['median_ratio']:.4f}, geomean {final['geomean_ratio']:.4f} (planning "
           f"{final['planning_geomean']:.4f}, adaptation {final['adaptation_geomean']:.4f}), >= 1% better on "
           f"{final['better_1pct']:.0%} of {final['cases']} cases")
+    best = summary["best"]
+    print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
+          f"{best['policy']}{' (shipped)' if args.ship else ''}", file=sys.stderr)
     return 0

@@ -74,6 +74,12 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path):
     assert (tmp_path / "run" / "ppo-policy.pt").exists() and [p["steps"] for p in summary["curve"]] == [0, 48, 96]
     assert len(summary["imitation"]) == 2 and summary["imitation"][1]["samples"] > summary["imitation"][0]["samples"]
     assert summary["final"]["cases"] == 4  # two held-out scenarios, planned and adapted
+    # best-policy.pt is the evaluated policy with the best held-out geomean (the final on a tie)
+    best = summary["best"]
+    top = max(p["geomean_ratio"] for p in [*summary["curve"], summary["final"]])
+    assert best["geomean_ratio"] == top and best["policy"] == str(tmp_path / "run" / "best-policy.pt")
+    _, _, best_meta = load_policy(best["policy"])
+    assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
     _, env, meta = load_policy(summary["policy"])
@@ -142,3 +148,20 @@ def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):
         ppo.PPOPlanner().plan(generate(n, seed=4, profile="geo"), workload)
     ppo.PPOPlanner(samples=3).plan(generate(8, seed=4, profile="geo"), workload)
     assert seen == [(8, 4), (64, 2), (8, 3)]
+
+
+@pytest.mark.slow
+def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies import ppo
+
+    shipped = tmp_path / "assets" / "ppo-policy.pt"
+    monkeypatch.setattr(ppo, "SHIPPED_POLICY", shipped)  # never overwrite the package's policy
+    code, out, err = run_cli("train-policy", "--timesteps", "0", "--imitation-episodes", "2", "--imitation-rounds",
+                             "1", "--imitation-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
+                             "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2", "--hidden", "16", "--layers",
+                             "1", "--no-track", "--no-progress", "--workers", "1", "--out-dir", tmp_path / "run",
+                             "--cache-dir", tmp_path / "cache", "--ship")
+    assert code == 0 and "held-out" in out, err
+    assert "best held-out evaluation at step 0" in err and "(shipped)" in err
+    assert shipped.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
+    ppo.load_policy(shipped)
