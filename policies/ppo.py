@@ -4,8 +4,8 @@
 running) and lets the policy improve it by moves in `PlanEnv`: one deterministic
 rollout plus a few sampled ones (`default_samples`), run as one batch through the
 network; the cost model scores every plan visited and the best one wins, so the result
-is never worse than the start. The network is size-agnostic, so the environment is padded to the cluster's own
-size: a policy trained on 4-32 devices plans 128.
+is never worse than the start. The network is size-agnostic, so the environment is
+padded to the cluster's own size: a policy trained on 4-32 devices plans 128.
 
 `auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when no
 policy can be loaded it says so in one line and returns the heuristic's plan, the

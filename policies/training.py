@@ -147,8 +147,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
     curve: list[dict[str, float]] = []
-    best: dict[str, Any] = {}
-    """The checkpoint with the best held-out geomean so far (PPO can drift below imitation's)."""
+    best: dict[str, Any] = {}  # the evaluated policy with the best held-out geomean so far
     imitation: list[dict[str, Any]] = []
     if config.imitation_episodes:
         from spantrain.policies.imitation import clone
