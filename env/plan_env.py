@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 from spantrain.cluster import Cluster
-from spantrain.env.evaluator import Candidate, Evaluator, Knobs
+from spantrain.env.evaluator import Candidate, Evaluator, Knobs, Layout
 from spantrain.env.moves import action_mask, apply_move, roles
 from spantrain.env.spaces import EDGE_FEATURES, GLOBAL_FEATURES, KNOBS, NODE_FEATURES, ActionLayout
 from spantrain.errors import SpantrainError
@@ -288,10 +288,12 @@ class PlanEnv(gym.Env):
 
     # ---- dynamics -------------------------------------------------------------------------
 
-    def valid_action_mask(self) -> np.ndarray:
+    def valid_action_mask(self, cand: Candidate | None = None) -> np.ndarray:
+        """Valid moves of `cand` (the current plan when None) in this episode's scenario."""
         s = self.scenario
-        return action_mask(self.current.layout, self.current.knobs, len(s.cluster), self.config.max_devices,
-                           s.workload.num_layers, s.workload.global_batch)
+        cand = self.current if cand is None else cand
+        return action_mask(cand.layout, cand.knobs, len(s.cluster), self.config.max_devices, s.workload.num_layers,
+                           s.workload.global_batch)
 
     def action_masks(self) -> np.ndarray:
         """For sb3-contrib's MaskablePPO."""
@@ -320,9 +322,11 @@ class PlanEnv(gym.Env):
     def preview(self, action: int) -> Candidate:
         """The plan a valid move (not stop) would lead to, without taking it; infeasible
         when it does not fit memory."""
-        kind, i, j = self.actions.decode(int(action))
-        layout, knobs = apply_move(self.current.layout, self.current.knobs, kind, i, j)
-        return self.scenario.evaluator.balance(layout, knobs)
+        return self.scenario.evaluator.balance(*self.moved(self.current, action))
+
+    def moved(self, cand: Candidate, action: int) -> tuple[Layout, Knobs]:
+        """Layout and knobs after a valid move (not stop) on `cand`, before balancing."""
+        return apply_move(cand.layout, cand.knobs, *self.actions.decode(int(action)))
 
     def _effective(self, cand: Candidate) -> float:
         """Samples per second over the horizon, migration included."""

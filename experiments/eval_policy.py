@@ -70,14 +70,20 @@ def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
     return [(p, n, int(rng.integers(*EVAL_SEED_RANGE)), m) for n in sizes for p in profiles for m in models]
 
 
-def _headroom(cluster, workload, search) -> dict:
-    """`search(env)` from the heuristic's plan: its plan's time and the wall time, start included."""
+def _headroom(cluster, workload, searches: dict) -> dict[str, dict]:
+    """Each of `searches` (name -> search(env)) from the heuristic's plan, computed once:
+    the plan's time, and the wall time with the start's included."""
     t0 = time.perf_counter()
     ev = Evaluator(cluster, workload)
     start = HeuristicPlanner().best_candidate(ev)
-    env = PlanEnv(EnvConfig(max_devices=len(cluster), min_devices=2))
-    env.load(Scenario(key=("eval",), cluster=cluster, workload=workload, evaluator=ev, start=start))
-    return {"iteration_s": search(env).time, "plan_s": time.perf_counter() - t0}
+    start_s = time.perf_counter() - t0
+    out = {}
+    for name, search in searches.items():
+        t0 = time.perf_counter()
+        env = PlanEnv(EnvConfig(max_devices=len(cluster), min_devices=2))
+        env.load(Scenario(key=("eval",), cluster=cluster, workload=workload, evaluator=ev, start=start))
+        out[name] = {"iteration_s": search(env).time, "plan_s": start_s + time.perf_counter() - t0}
+    return out
 
 
 def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool) -> list[dict]:
@@ -94,9 +100,10 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: 
         results["ppo"] = run_planner("ppo", cluster, workload, **({"policy": policy} if policy else {}))
         results["auto"] = run_planner("auto", cluster, workload, **({"policy": policy} if policy else {}))
         if results["heuristic"].feasible:
-            row["lookahead"] = _headroom(cluster, workload, expert_rollout)
+            searches = {"lookahead": expert_rollout}
             if beam_width and n <= BEAM_MAX_DEVICES:
-                row["beam"] = _headroom(cluster, workload, lambda env: beam_search(env, beam_width))
+                searches["beam"] = lambda env: beam_search(env, beam_width)
+            row.update(_headroom(cluster, workload, searches))
         # the policy by itself, from a planner-free start
         t0 = time.perf_counter()
         try:

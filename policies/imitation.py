@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.env.evaluator import Candidate
-from spantrain.env.moves import action_mask, apply_move, canonical
+from spantrain.env.moves import canonical
 from spantrain.env.plan_env import PlanEnv
 
 __all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "beam_search", "collect", "clone"]
@@ -74,8 +74,6 @@ def beam_search(env: PlanEnv, width: int = 8, depth: int | None = None) -> Candi
     here, at `width` x depth x (valid moves) cost-model calls."""
     if width < 1:
         raise ValueError(f"beam_search: width must be >= 1, got {width}")
-    s = env.scenario
-    n = len(s.cluster)
     stop = env.actions.stop
     depth = env.config.max_steps if depth is None else depth
     seen = {(canonical(env.current.layout), env.current.knobs)}
@@ -84,16 +82,15 @@ def beam_search(env: PlanEnv, width: int = 8, depth: int | None = None) -> Candi
     for _ in range(depth):
         children = []
         for cand in level:
-            mask = action_mask(cand.layout, cand.knobs, n, env.config.max_devices, s.workload.num_layers,
-                               s.workload.global_batch)
+            mask = env.valid_action_mask(cand)
             mask[stop] = False
             for a in np.flatnonzero(mask):
-                layout, knobs = apply_move(cand.layout, cand.knobs, *env.actions.decode(int(a)))
+                layout, knobs = env.moved(cand, int(a))
                 key = (canonical(layout), knobs)
                 if key in seen:
                     continue
-                seen.add(key)
-                child = s.evaluator.balance(layout, knobs)
+                seen.add(key)  # skipped before scoring: many move orders reach the same plan
+                child = env.scenario.evaluator.balance(layout, knobs)
                 if child.feasible:
                     children.append((env._effective(child), len(children), child))
         if not children:

@@ -171,7 +171,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
         path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point)
         if not best or point["geomean_ratio"] > best["geomean_ratio"]:
-            best.update(point, policy=str(path))
+            best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path))
 
     if imitation:
         checkpoint(0)
@@ -225,12 +225,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "curve": curve, "imitation": imitation, "config": asdict(config)}
     policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta)
     if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
-        best = {"steps": config.timesteps, "geomean_ratio": final["geomean_ratio"], "policy": str(policy_path)}
+        best.update(steps=config.timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
     # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
     chosen, _, _ = load_policy(best["policy"])
-    best_path = save_policy(chosen, out / "best-policy.pt", env=env_settings,
-                            meta={**meta, "selected_steps": best["steps"]})
-    best = {"steps": best["steps"], "geomean_ratio": best["geomean_ratio"], "policy": str(best_path)}
+    best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
+                                     meta={**meta, "selected_steps": best["steps"]}))
     columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio", "plan_s"]
     tracker.log_table("eval/final", columns, final["rows"])
     plot = _plot_curve(curve, out / "sample_efficiency.png")
