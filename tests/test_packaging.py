@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL = {"spantrain": "spantrain", "profiler": "spantrain.profiler", "env": "spantrain.env",
@@ -55,3 +58,22 @@ def test_help_lists_every_design_command(run_cli):
 def test_console_script_runs():
     result = subprocess.run([sys.executable, "-m", "spantrain", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("spantrain ")
+
+
+@pytest.mark.slow
+def test_regular_install_ships_a_loadable_policy(tmp_path):
+    # an editable install reads files from the checkout, so only a real install shows
+    # whether the wheel carries the shipped policy (it once did not: assets/ is no package)
+    site = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                            "--no-compile", "--target", str(site), str(ROOT)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    # loading is what a fresh install can get wrong; planning with the policy is tested
+    # on the checkout (here it would first recompile every numba kernel, ~30 s)
+    code = ("import spantrain.policies.ppo as p, sys; assert p.__file__.startswith(sys.argv[1]), p.__file__;"
+            "net, env, meta = p.load_policy(); assert meta['train_s'] > 0 and env['max_devices'] >= 16;"
+            "print('ok')")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
