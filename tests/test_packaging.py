@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -64,9 +65,16 @@ def test_console_script_runs():
 def test_regular_install_ships_a_loadable_policy(tmp_path):
     # an editable install reads files from the checkout, so only a real install shows
     # whether the wheel carries the shipped policy (it once did not: assets/ is no package)
+    # from a copy: setuptools builds in the source tree, which must stay clean
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in TOP_LEVEL:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "results"))
     site = tmp_path / "site"
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                            "--no-compile", "--target", str(site), str(ROOT)], capture_output=True, text=True)
+                            "--no-compile", "--target", str(site), str(src)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-2000:]
     # loading is what a fresh install can get wrong; planning with the policy is tested
     # on the checkout (here it would first recompile every numba kernel, ~30 s)
