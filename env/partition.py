@@ -266,7 +266,7 @@ class Partitioner:
 
     def _word(self, devices: tuple[int, ...]) -> tuple[int, ...]:
         c = self._classes
-        return devices if c is None else tuple(c[d] for d in devices)
+        return devices if c is None else tuple(map(c.__getitem__, devices))
 
     def in_flight(self, schedule: str, S: int, M: int) -> np.ndarray:
         """Micro-batches each stage position keeps for backward (memoized)."""

@@ -63,6 +63,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, Layout, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
+from spantrain.planner import gc_paused
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import compute_units, device_classes, network_groups
 from spantrain.workload import Workload
@@ -123,6 +124,10 @@ class HeuristicPlanner:
         """Structure search, refinement and tuning; a second structure pass with the tuned
         knobs when they differ from the probe's (a zero-bubble schedule, for one, makes
         longer pipelines over slower links worth it)."""
+        with gc_paused():
+            return self._search(ev)
+
+    def _search(self, ev: Evaluator) -> Candidate:
         t0 = time.perf_counter()
         search = _ChainSearch(ev, self.config)
         best, alt, origin = self._pass(search, _PROBE, None)

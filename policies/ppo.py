@@ -31,6 +31,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Candidate, Evaluator
 from spantrain.errors import PolicyError, SpantrainError
 from spantrain.plan import Plan
+from spantrain.planner import gc_paused
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
@@ -178,11 +179,12 @@ class PPOPlanner:
 
         net = self._load()
         t0 = time.perf_counter()
-        if start is None:
-            start = HeuristicPlanner().best_candidate(ev)
-        t1 = time.perf_counter()
-        scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
-        best = self.improve(net, scenario)
+        with gc_paused():
+            if start is None:
+                start = HeuristicPlanner().best_candidate(ev)
+            t1 = time.perf_counter()
+            scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
+            best = self.improve(net, scenario)
         self.stats = {"plan_s": time.perf_counter() - t0, "start_s": t1 - t0, "policy_s": time.perf_counter() - t1,
                       "gain": start.time / best.time}
         return best

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -9,7 +12,7 @@ if TYPE_CHECKING:
     from spantrain.plan import Plan
     from spantrain.workload import Workload
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "gc_paused"]
 
 
 @runtime_checkable
@@ -21,3 +24,21 @@ class Planner(Protocol):
     def plan(self, cluster: Cluster, workload: Workload) -> Plan:
         """A valid plan whose iteration batch aims at `workload.global_batch`."""
         ...
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a planner's search (nests).
+
+    A search allocates hundreds of thousands of short-lived objects (tuples, candidates)
+    that reference counting frees as it goes, yet their allocation keeps triggering
+    collections, and now and then a full one: with torch and SB3 loaded (~500k tracked
+    objects) a full collection costs ~0.3 s, a third of the 1 s budget of a 64-device
+    plan. Nothing leaks: cycles made meanwhile are collected once the search is over."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
