@@ -116,24 +116,27 @@ def _micro(b: int, m: int) -> int:
 def round_shares(x: np.ndarray, total: int, minimum: int = 1) -> list[int]:
     """Integers >= `minimum` summing to `total` (>= minimum x len(x)), close to the real
     targets `x` (largest remainder)."""
-    n = len(x)
     x = np.asarray(x, dtype=np.float64)
+    n = len(x)
     x = np.where(np.isfinite(x) & (x > 0), x, 0.0)
-    x = x * (total / x.sum()) if x.sum() > 0 else np.full(n, total / n)
-    x = np.maximum(x, float(minimum))
-    out = np.maximum(np.floor(x).astype(np.int64), minimum)
-    diff = total - int(out.sum())
+    s = x.sum()
+    # plain floats from here: the arrays are a handful long, where numpy's per-call cost
+    # dominates (searches call this thousands of times); the arithmetic is the same
+    lo = float(minimum)
+    target = [max(v * (total / s), lo) for v in x.tolist()] if s > 0 else [max(total / n, lo)] * n
+    out = [max(math.floor(v), minimum) for v in target]
+    diff = total - sum(out)
     if diff > 0:
-        order = np.argsort(-(x - out), kind="stable")
-        out[order[:diff]] += 1  # floor lost less than one per entry, so diff < n
+        order = sorted(range(n), key=lambda i: out[i] - target[i])  # stable, as argsort(kind="stable")
+        for i in order[:diff]:
+            out[i] += 1  # floor lost less than one per entry, so diff < n
     while diff < 0:
         # raised to the minimum: take back from the entries furthest above their target
-        over = np.where(out > minimum, out - x, -np.inf)
-        k = int(np.argmax(over))
+        k = max(range(n), key=lambda i: out[i] - target[i] if out[i] > minimum else -math.inf)
         out[k] -= 1
         diff += 1
-    assert out.sum() == total and n == len(out)
-    return out.tolist()
+    assert sum(out) == total and n == len(out)
+    return out
 
 
 class Evaluator:
