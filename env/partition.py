@@ -88,13 +88,18 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
             occ = m * bb[a - 1] / slow + msg
             link[s, a] = occ
             link_fill[s, a] = 2.0 * occ + lat[d0, d1] + lat[d1, d0]
-    # pass 1: min-max
+    # pass 1: min-max. A stage's compute time only grows as its first layer moves down,
+    # so the scan over first layers goes downwards and stops once compute alone reaches the best
     V = np.full((S + 1, L + 1), _INF)
     V[0, 0] = 0.0
+    fixed = op_dev * n_ops
     for s in range(1, S + 1):
+        d = devs[s - 1]
         for b in range(L if s == S else s, L - (S - s) + 1):
             best = _INF
-            for a in range(s - 1, b):
+            for a in range(b - 1, s - 2, -1):
+                if m * (tfb[d, b] - tfb[d, a]) + fixed[d] >= best:
+                    break
                 if V[s - 1, a] == _INF:
                     continue
                 c = cost[s - 1, a, b]
@@ -115,9 +120,10 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     # thresholds between; none can beat (M - 1) x T* + the unlimited least fill
     U = np.empty((S + 1, L + 1))
     arg = np.empty((S + 1, L + 1), np.int64)
-    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), cost, link, link_fill, S, L, U, arg)
+    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), cost, link, link_fill, S, L, U, arg,
+                                          devs, tfb, fixed, m)
     best_obj = (M - 1) * bott + fill
-    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg)
+    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m)
     obj = (M - 1) * bott + fill_min
     if obj < best_obj * (1.0 - 1e-12):
         best_obj = obj
@@ -125,7 +131,7 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     for q in range(SLACKS.shape[0]):
         if (M - 1) * t_star + fill_min >= best_obj * (1.0 - 1e-9):
             break
-        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg)
+        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m)
         obj = (M - 1) * bott + fill
         if obj < best_obj * (1.0 - 1e-12):
             best_obj = obj
@@ -134,16 +140,24 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
 
 
 @njit(cache=True)
-def _least_fill(T, cost, link, link_fill, S, L, U, arg):
+def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
-    (starts, fill, actual bottleneck); fill inf when there is none."""
+    (starts, fill, actual bottleneck); fill inf when there is none. First layers whose
+    stage compute alone exceeds T are skipped (`devs`, `tfb`, `fixed`, `m` give it); the
+    scan keeps ascending order, so ties resolve as without the skip."""
     U[:, :] = _INF
     U[0, 0] = 0.0
     for s in range(1, S + 1):
+        d = devs[s - 1]
         for b in range(L if s == S else s, L - (S - s) + 1):
             best = _INF
             ba = -1
-            for a in range(s - 1, b):
+            a0 = s - 1
+            if T < _INF:
+                a0 = b
+                while a0 > s - 1 and m * (tfb[d, b] - tfb[d, a0 - 1]) + fixed[d] <= T:
+                    a0 -= 1
+            for a in range(a0, b):
                 if U[s - 1, a] == _INF:
                     continue
                 c = cost[s - 1, a, b]
