@@ -127,7 +127,7 @@ def round_shares(x: np.ndarray, total: int, minimum: int = 1) -> list[int]:
     out = [max(math.floor(v), minimum) for v in target]
     diff = total - sum(out)
     if diff > 0:
-        order = sorted(range(n), key=lambda i: out[i] - target[i])  # stable, as argsort(kind="stable")
+        order = sorted(range(n), key=lambda i: out[i] - target[i])  # stable: ties keep index order
         for i in order[:diff]:
             out[i] += 1  # floor lost less than one per entry, so diff < n
     while diff < 0:
