@@ -90,28 +90,17 @@ def _result_row(r) -> dict[str, Any]:
     return row
 
 
-def _warm_up() -> None:
-    """Load every compiled kernel once, so no case pays for it."""
-    from spantrain.policies.compare import run_planner
-    from spantrain.profiler.topology import generate
-    from spantrain.workload import Workload
-
-    c = generate(4, 0, "cee")
-    w = Workload.from_preset("gpt2-small")
-    for name in ("ddp", "gpipe", "megatron", "heuristic", "exhaustive"):
-        run_planner(name, c, w)
-    run_planner("ga", c, w, budget_s=0.2)
-
-
 def run(spec: SuiteSpec, progress: bool = True) -> dict[str, Any]:
     """Run every case of `spec`; returns {"suite": [...], "small": [...], "scaling": [...]}."""
     from tqdm import tqdm
 
-    from spantrain.policies.compare import run_planner
+    from spantrain.policies.compare import run_planner, warm_up
     from spantrain.profiler.topology import generate
     from spantrain.workload import Workload
 
-    _warm_up()
+    # every compiled kernel loaded once, so no case pays for it
+    warm_up(("ddp", "gpipe", "megatron", "heuristic", "exhaustive"))
+    warm_up(("ga",), budget_s=0.2)
     suite_cases = [(p, n, s, m) for p in PROFILES for n in spec.suite_sizes for s in spec.suite_seeds
                    for m in spec.models]
     small_cases = [(p, n, s, m) for p in PROFILES for n in spec.small_sizes for s in spec.small_seeds

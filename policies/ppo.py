@@ -18,6 +18,7 @@ The shipped one lives in `spantrain/policies/assets/ppo-policy.pt`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -169,6 +170,10 @@ class PPOPlanner:
             self._net, self._env_settings, _ = load_policy(self.config.policy)
         return self._net
 
+    def prepare(self) -> None:
+        """Load the policy now (imports torch); `PolicyError` if it cannot be loaded."""
+        self._load()
+
     def plan(self, cluster: Cluster, workload: Workload) -> Plan:
         ev = Evaluator(cluster, workload)
         return ev.to_plan(self.best_candidate(ev))
@@ -206,6 +211,11 @@ class AutoPlanner:
     def __init__(self, **options: Any):
         self.ppo = PPOPlanner(**options)
         self.stats: dict[str, Any] = {}
+
+    def prepare(self) -> None:
+        """Load the policy now when it can be; when not, `plan` says so and falls back."""
+        with contextlib.suppress(PolicyError):
+            self.ppo._load()
 
     def plan(self, cluster: Cluster, workload: Workload) -> Plan:
         ev = Evaluator(cluster, workload)

@@ -31,7 +31,7 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spantrain.errors import PlannerError
-    from spantrain.policies.compare import default_planners, run_planner
+    from spantrain.policies.compare import default_planners, run_planner, warm_up
     from spantrain.policies.registry import available_planners
 
     cluster = load_cluster(args.cluster)
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
                                f"(available: {', '.join(available_planners())})")
     else:
         names = default_planners(cluster)
+    warm_up()  # plan times below are planning, not the process's kernel loading
     results = {}
     for name in names:
         results[name] = run_planner(name, cluster, workload, **planner_options(name, args, strict=False))

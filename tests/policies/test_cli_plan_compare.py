@@ -126,3 +126,40 @@ def test_compare_default_list_and_human_table(run_cli, tmp_path):
 def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
     code, out, err = run_cli("compare", "--cluster", cluster_file, "--model", "gpt2-small", "--planners", "ddp,x")
     _one_line_error(code, out, err, "unknown planner(s) x")
+
+
+def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
+    # one-time loading (the policy, torch) is not planning: plan_s must not include it
+    from spantrain.policies import compare
+    from spantrain.profiler.topology import generate
+
+    clock = [0.0]
+    monkeypatch.setattr(compare.time, "perf_counter", lambda: clock[0])
+    real = compare.get_planner("heuristic")
+
+    class Slow:
+        name = "slow"
+
+        def prepare(self):
+            clock[0] += 100.0
+
+        def plan(self, cluster, workload):
+            clock[0] += 1.0
+            return real.plan(cluster, workload)
+
+    monkeypatch.setattr(compare, "get_planner", lambda name, **options: Slow())
+    result = compare.run_planner("slow", generate(4, 0, "cee"), Workload.from_preset("gpt2-small"))
+    assert result.feasible and clock[0] == 101.0 and result.plan_s == 1.0  # prepared, untimed
+
+
+def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_path):
+    from spantrain.policies.compare import run_planner
+    from spantrain.profiler.topology import generate
+
+    cluster, workload = generate(4, 0, "cee"), Workload.from_preset("gpt2-small")
+    missing = str(tmp_path / "missing.pt")
+    ppo = run_planner("ppo", cluster, workload, policy=missing)
+    assert not ppo.feasible and "not found" in ppo.reason
+    auto = run_planner("auto", cluster, workload, policy=missing)
+    heuristic = run_planner("heuristic", cluster, workload)
+    assert auto.feasible and auto.plan == heuristic.plan
