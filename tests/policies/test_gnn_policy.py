@@ -134,7 +134,7 @@ def test_corrupt_policy_file_is_a_clear_error(tmp_path):
 def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):
     from spantrain.policies import ppo
 
-    assert [ppo.default_samples(n) for n in (4, 32, 64, 128, 1024)] == [4, 4, 2, 1, 1]
+    assert [ppo.default_samples(n) for n in (4, 32, 33, 64, 128, 1024)] == [4, 4, 1, 1, 1, 1]
     seen = []
     real = ppo.improve
 
@@ -147,7 +147,7 @@ def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):
     for n in (8, 64):
         ppo.PPOPlanner().plan(generate(n, seed=4, profile="geo"), workload)
     ppo.PPOPlanner(samples=3).plan(generate(8, seed=4, profile="geo"), workload)
-    assert seen == [(8, 4), (64, 2), (8, 3)]
+    assert seen == [(8, 4), (64, 1), (8, 3)]
 
 
 @pytest.mark.slow
