@@ -65,6 +65,7 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     msg = calib[C_MSG]
     state = calib[C_STATE]
     reserved = calib[C_RESERVED]
+    fixed = op_dev * n_ops  # each device's per-micro-batch op overhead
     # cost[s, a, b]: per-micro-batch seconds of stage s holding [a, b) (inf: does not fit);
     # the first stage starts at 0, the last ends at L, every stage holds at least one layer
     cost = np.full((S, L + 1, L + 1), _INF)
@@ -76,7 +77,7 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
             for b in range(b_lo, L - (S - s - 1) + 1):
                 if check_memory and not _stage_ok(d, a, b, m, infl[s], pp, pa, bb, amax, cap, state, reserved, L):
                     continue
-                cost[s, a, b] = m * (tfb[d, b] - tfb[d, a]) + op_dev[d] * n_ops
+                cost[s, a, b] = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
     # link[s, a]: occupancy of the link into stage s (s >= 1) when it starts at layer a
     link = np.zeros((S, L + 1))
     link_fill = np.zeros((S, L + 1))
@@ -92,7 +93,6 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     # so the scan over first layers goes downwards and stops once compute alone reaches the best
     V = np.full((S + 1, L + 1), _INF)
     V[0, 0] = 0.0
-    fixed = op_dev * n_ops
     for s in range(1, S + 1):
         d = devs[s - 1]
         for b in range(L if s == S else s, L - (S - s) + 1):
