@@ -10,6 +10,10 @@ value unchanged; tested).
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch_geometric.nn import GATv2Conv
@@ -32,8 +36,9 @@ class DeviceGraphEncoder(nn.Module):
         self.node_proj = nn.Sequential(nn.Linear(node_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
         # raw edge features go straight into each layer's attention: projecting them to
         # `hidden` first would cost O(edges x hidden^2) per layer on complete graphs
-        self.convs = nn.ModuleList(GATv2Conv(hidden, hidden // heads, heads=heads, edge_dim=edge_in,
-                                             add_self_loops=False) for _ in range(layers))
+        with _scratch_tempdir():
+            self.convs = nn.ModuleList(GATv2Conv(hidden, hidden // heads, heads=heads, edge_dim=edge_in,
+                                                 add_self_loops=False) for _ in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers))
         self.hidden = hidden
 
@@ -42,6 +47,23 @@ class DeviceGraphEncoder(nn.Module):
         for conv, norm in zip(self.convs, self.norms):
             h = norm(h + torch.relu(conv(h, edge_index, edge_attr)))
         return h
+
+
+@contextmanager
+def _scratch_tempdir() -> Iterator[None]:
+    """Point `tempfile` at a directory removed on exit.
+
+    The first instance of a PyG conv class in a process renders its `propagate` into a
+    .py file in the temp directory, imports it and never deletes it: without this every
+    `spantrain plan` left two files in /tmp. The module stays imported; only the file goes.
+    """
+    saved = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="spantrain-pyg-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
 
 
 class PlanHeads(nn.Module):
