@@ -104,6 +104,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from spantrain.policies.extractor import MaskableGraphPolicy
@@ -146,6 +147,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
+    # PPO's own diagnostics (losses, KL, clip fraction, fps) go to W&B; SB3's default
+    # logger would instead leave an empty SB3-<time> directory in /tmp on every run
+    model.set_logger(Logger(folder=None, output_formats=[_tracker_writer(tracker)]))
     curve: list[dict[str, float]] = []
     best: dict[str, Any] = {}  # the evaluated policy with the best held-out geomean so far
     imitation: list[dict[str, Any]] = []
@@ -217,6 +221,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     if config.timesteps:
         model.learn(total_timesteps=config.timesteps, callback=Hooks())
+        model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
     t_train = time.perf_counter() - t_start
     net.eval()
     final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
@@ -241,6 +246,25 @@ def train(config: TrainConfig) -> dict[str, Any]:
                "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _tracker_writer(tracker):
+    """An SB3 logger output that forwards numeric values to the W&B run as ``ppo/<name>``
+    (made here: SB3 is imported only when training)."""
+    from stable_baselines3.common.logger import KVWriter
+
+    class TrackerWriter(KVWriter):
+        def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]],
+                  step: int = 0) -> None:
+            metrics = {"ppo/" + key.rsplit("/", 1)[-1]: float(value) for key, value in key_values.items()
+                       if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+            if metrics:
+                tracker.log(metrics, step=step)
+
+        def close(self) -> None:
+            pass
+
+    return TrackerWriter()
 
 
 def _plot_curve(curve: list[dict[str, float]], path: Path) -> Path | None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -61,9 +65,25 @@ def test_one_network_serves_any_cluster_size():
 
 
 @pytest.mark.slow
-def test_tiny_training_run_writes_a_policy_that_plans(tmp_path):
+def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch):
+    import tempfile
+
     from spantrain.policies.ppo import PPOPlanner, load_policy
     from spantrain.policies.training import TrainConfig, train
+    from spantrain.tracking import Tracker
+
+    logged: dict[str, list[int]] = {}
+    real_log = Tracker.log
+
+    def spy(self, metrics, step=None):
+        for key in metrics:
+            logged.setdefault(key, []).append(step)
+        real_log(self, metrics, step=step)
+
+    monkeypatch.setattr(Tracker, "log", spy)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     summary = train(TrainConfig(timesteps=96, n_envs=2, n_steps=48, batch_size=48, n_epochs=1, max_devices=6,
                                 min_devices=4, models=("gpt2-medium",), pool_size=4, eval_scenarios=2,
@@ -82,6 +102,10 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path):
     assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
+    # PPO's diagnostics of its one update (2 envs x 48 steps) reach W&B; SB3 made no log directory
+    for key in ("ppo/approx_kl", "ppo/value_loss", "ppo/policy_gradient_loss", "ppo/entropy_loss", "ppo/fps"):
+        assert logged.get(key) == [96], f"{key} logged at steps {logged.get(key)}"
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("SB3-")]
     _, env, meta = load_policy(summary["policy"])
     assert env["max_steps"] == 12 and meta["timesteps"] == 96
     cluster = generate(6, seed=5, profile="cee")
@@ -108,6 +132,18 @@ def test_shipped_policy_loads_and_plans_beyond_training_sizes():
     workload = Workload.from_preset("gpt2-medium")
     plan = PPOPlanner(samples=1).plan(cluster, workload)
     assert plan.problems(cluster, workload) == []
+
+
+def test_loading_the_policy_leaves_no_files_in_the_temp_directory(tmp_path):
+    # PyG writes each conv class's rendered `propagate` to the temp directory once per
+    # process and never deletes it; a fresh process shows whether the encoder cleans up
+    code = "from spantrain.policies.ppo import load_policy; load_policy()"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TMPDIR": str(scratch)})
+    # torch's compile cache is one fixed directory per user, reused, so it may stay
+    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == []
 
 
 def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys):
