@@ -112,7 +112,9 @@ def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
                        {"id": "b", "count": 2, "region": "r2", "tflops": 1, "memory_gb": 8}]
     cluster.write_text(json.dumps(spec))
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "spantrain", "run", *args],
+    # torchrun keeps its per-run log directory (torchelastic_*): in tmp_path, not /tmp
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "torchrun"),
+                           "-m", "spantrain", "run", *args],
                           capture_output=True, text=True, timeout=240, env={**os.environ, "SPANTRAIN_HOST": "box"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
