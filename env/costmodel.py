@@ -31,6 +31,7 @@ input-gradient to weight-gradient FLOPs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from spantrain.env.collectives import collective_time as _collective_time
 from spantrain.env.kernel import evaluate as _evaluate
 from spantrain.env.kernel import out_size, pack_model, plan_ints, plan_views, split_out, workspace_size
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
+from spantrain.env.symmetry import device_classes
 from spantrain.errors import PlanError, SpecError
 from spantrain.estimate import Estimate
 from spantrain.plan import Plan
@@ -122,8 +124,8 @@ class PlanArrays(NamedTuple):
     """A plan flattened for the kernel: pipeline p owns stages pipe_ptr[p]..pipe_ptr[p+1]-1.
 
     `keys[p]` identifies pipeline p's simulation (schedule, micro-batch size and count,
-    devices, first layer of each stage) for the per-pipeline memo; build with
-    `CostModel.arrays` or `CostModel.flatten`."""
+    the interchangeable-device class of each stage's device, first layer of each stage)
+    for the per-pipeline memo; build with `CostModel.arrays` or `CostModel.flatten`."""
 
     pipe_ptr: np.ndarray
     stage_dev: np.ndarray
@@ -162,7 +164,10 @@ class CostModel:
                  memo: bool = True):
         """`memo`: remember each simulated pipeline (by devices, layer cuts, micro-batching
         and schedule) so plans that share pipelines with earlier ones, as a search's
-        neighbouring candidates do, skip the schedule simulation."""
+        neighbouring candidates do, skip the schedule simulation. Devices are keyed by
+        their interchangeable-device class (`classes`): a pipeline over other devices of
+        the same classes, stage by stage, has the same simulation (equal compute, memory
+        and links), and the many pipelines of a plan on a uniform fabric are simulated once."""
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
@@ -200,6 +205,11 @@ class CostModel:
         self._out = np.zeros(1024)  # the kernel's output for `estimate` / `estimate_fast`, reused
         nx, ni = workspace_size(16, 64)  # scratch reused by every call (larger plans allocate their own)
         self._ws = (np.zeros(nx), np.zeros(ni, dtype=np.int64))
+
+    @functools.cached_property
+    def classes(self) -> list[int]:
+        """Interchangeable-device class of every device (`spantrain.env.symmetry.device_classes`)."""
+        return device_classes(self.cluster)
 
     # ---- whole plans -------------------------------------------------------------------
 
@@ -253,7 +263,8 @@ class CostModel:
                 nmb.append(M)
                 ptr.append(len(dev))
                 if with_keys:
-                    keys.append((sched, m, M, tuple(dev[first:]), tuple(lo[first:])))
+                    keys.append((sched, m, M, tuple(map(self.classes.__getitem__, dev[first:])),
+                                 tuple(lo[first:])))
             if len(set(dev)) != len(dev):  # every device in one stage only
                 raise _Malformed
         except (_Malformed, KeyError, TypeError, ValueError, AttributeError):
@@ -275,11 +286,12 @@ class CostModel:
         hi: list[int] = []
         keys = []
         sched = SCHEDULE_CODES[schedule]
+        label = self.classes.__getitem__
         for devs, starts, m, M in pipelines:
             dev.extend(devs)
             lo.extend(starts)
             hi.extend([*starts[1:], self.num_layers])
-            keys.append((sched, m, M, tuple(devs), tuple(starts)))
+            keys.append((sched, m, M, tuple(map(label, devs)), tuple(starts)))
             ptr.append(len(dev))
         ints = plan_ints(ptr, dev, lo, hi, [p[2] for p in pipelines], [p[3] for p in pipelines])
         return PlanArrays(*plan_views(ints, len(pipelines), len(dev)), sched, SYNC_CODES[sync], period, tuple(keys),

@@ -30,7 +30,6 @@ import numpy as np
 from spantrain.cluster import Cluster
 from spantrain.env.costmodel import CostModel
 from spantrain.env.partition import Partitioner
-from spantrain.env.symmetry import device_classes
 from spantrain.estimate import Estimate
 from spantrain.plan import Pipeline, Plan, Stage, Sync
 from spantrain.workload import Workload
@@ -146,8 +145,8 @@ class Evaluator:
         self.cluster = cluster
         self.workload = workload
         self.model = model or CostModel(cluster, workload)
-        self.classes = device_classes(cluster)
-        """Interchangeable-device class of every device (`device_classes`)."""
+        self.classes = self.model.classes
+        """Interchangeable-device class of every device (`CostModel.classes`)."""
         self.part = Partitioner(self.model, self.classes)
         self.batch = workload.global_batch
         self.calls = 0

@@ -15,6 +15,7 @@ from spantrain.env import collectives, costmodel, kernel, schedules
 from spantrain.env.costmodel import CostModel
 from spantrain.errors import PlanError
 from spantrain.plan import Pipeline, Plan, Stage
+from spantrain.profiler.topology import generate
 
 
 @settings(max_examples=40, deadline=None)
@@ -71,6 +72,34 @@ def test_memo_records_replay_the_same_outputs():
                 np.testing.assert_array_equal(got, want)
         warm.clear_memo(x.keys[:1])  # one pipeline simulated again, the others remembered
         for got, want in zip(warm.evaluate(x), ref, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_memo_shares_simulations_between_interchangeable_devices():
+    """Memo keys name device classes: a pipeline over other devices of the same classes
+    reuses the simulation, exactly; a device with other links does not."""
+    c, w = regional_cluster(), toy_workload(8, boundary=3e6)
+    warm = CostModel(c, w)
+    assert warm.classes[c.ids.index("a-1")] == warm.classes[c.ids.index("a-2")]
+    assert warm.classes[c.ids.index("a-0")] != warm.classes[c.ids.index("a-1")]  # a-0 has an overridden link
+
+    def plan(*devs):
+        return Plan(pipelines=(Pipeline(stages=tuple(Stage(devices=(d,), layers=(4 * i, 4 * i + 4))
+                                                     for i, d in enumerate(devs)),
+                                        micro_batch_size=2, num_micro_batches=4),), schedule="zb-h2")
+
+    first, same, other = plan("a-1", "c-0"), plan("a-2", "c-1"), plan("a-0", "c-0")
+    assert warm.flatten(same).keys == warm.flatten(first).keys != warm.flatten(other).keys
+    cold = CostModel(c, w, memo=False)
+    for p in (first, same, other, first):
+        assert warm.estimate(p) == cold.estimate(p)
+    # plans over many interchangeable devices, sharing one memo, match the cold path bit for bit
+    big = generate(16, seed=4, profile="datacenter")  # two servers of eight equal GPUs
+    warm, cold = CostModel(big, w), CostModel(big, w, memo=False)
+    rng = random.Random(3)
+    for _ in range(60):
+        p = random_plan(rng, big, 8)
+        for got, want in zip(warm.evaluate(warm.flatten(p)), cold.evaluate(cold.flatten(p)), strict=True):
             np.testing.assert_array_equal(got, want)
 
 
