@@ -12,7 +12,8 @@ policy can be loaded it says so in one line and returns the heuristic's plan, th
 documented fallback.
 
 A policy file is a `torch.save`d dict: ``{"format": 1, "net": {...config}, "env": {...},
-"state_dict": {...}, "meta": {...}}`` (weights only, loadable with `weights_only=True`).
+"state_dict": {...}, "meta": {...}}`` (weights only, loadable with `weights_only=True`);
+files written by training also carry ``"value_state_dict"``, the critic's value head.
 The shipped one lives in `spantrain/policies/assets/ppo-policy.pt`.
 """
 
@@ -36,20 +37,30 @@ from spantrain.planner import gc_paused
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
-           "improve", "default_samples"]
+           "load_value_head", "improve", "default_samples"]
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
 _FORMAT = 1
 
 
-def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, Any] | None = None) -> Path:
+def _weights(weights) -> dict:
+    """A module's (or a state dict's) tensors, detached CPU copies."""
+    state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, Any] | None = None,
+                value=None) -> Path:
+    """Write a policy file (module docstring); `value`: the critic's value head (module or
+    state dict), kept so training can continue from the file (`TrainConfig.init_policy`)."""
     import torch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {"format": _FORMAT, "net": dict(net.config), "env": dict(env),
-            "state_dict": {k: v.detach().cpu().clone() for k, v in net.state_dict().items()},
+    blob = {"format": _FORMAT, "net": dict(net.config), "env": dict(env), "state_dict": _weights(net),
             "meta": dict(meta or {})}
+    if value is not None:
+        blob["value_state_dict"] = _weights(value)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(blob, tmp)
     tmp.replace(path)
@@ -79,6 +90,14 @@ def load_policy(path: str | Path | None = None):
                           "`spantrain train-policy` or use --planner heuristic") from None
     net.eval()
     return net, blob.get("env", {}), blob.get("meta", {})
+
+
+def load_value_head(path: str | Path) -> dict | None:
+    """The critic's value-head weights a policy file carries (files written by training
+    do), or None; call after `load_policy` accepted the file."""
+    import torch
+
+    return torch.load(Path(path), map_location="cpu", weights_only=True).get("value_state_dict")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,8 @@ class TrainConfig:
     """Everything a training run needs; `spantrain train-policy` exposes each field as a flag."""
 
     timesteps: int = 25_000
-    """PPO environment steps in total (over all environments), after imitation."""
+    """PPO environment steps in total (over all environments), after imitation; PPO runs
+    whole rollouts (n_steps x n_envs), so the last one may pass this."""
     n_envs: int = 8
     """Environments stepped together (one process; env steps are cheap next to the network)."""
     min_devices: int = 4
@@ -57,6 +58,10 @@ class TrainConfig:
     """DAgger rounds (the first follows the expert, the others the policy)."""
     imitation_epochs: int = 8
     """Passes over all labels so far after each round."""
+    init_policy: str | None = None
+    """Start from this policy file's weights instead of imitation: a checkpoint, an
+    interrupted run's `interrupted-policy.pt`, or the shipped policy (its hidden and
+    layers must match this run's)."""
     eval_every: int = 25_000
     """Steps between evaluations against the heuristic."""
     eval_scenarios: int = 24
@@ -81,6 +86,10 @@ class TrainConfig:
                 raise SpantrainError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
         if self.timesteps == 0 and self.imitation_episodes == 0:
             raise SpantrainError("TrainConfig: timesteps and imitation_episodes are both 0: nothing to train")
+        if self.init_policy is not None and (not isinstance(self.init_policy, str) or not self.init_policy):
+            raise SpantrainError(f"TrainConfig.init_policy must be a policy file path, got {self.init_policy!r}")
+        if self.init_policy and self.timesteps == 0:
+            raise SpantrainError("TrainConfig: init_policy replaces imitation and timesteps is 0: nothing to train")
         positive = ("n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
                     "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers",
                     "imitation_rounds", "imitation_epochs")

@@ -26,7 +26,16 @@ from spantrain.errors import SpantrainError
 from spantrain.policies.train_config import TrainConfig
 from spantrain.profiler.topology import generate
 
-__all__ = ["TrainConfig", "train", "evaluate_policy", "held_out_config"]
+__all__ = ["TrainConfig", "TrainingInterrupted", "train", "evaluate_policy", "held_out_config"]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, after the weights so far were saved to `path` (the message
+    says where and how to continue)."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
 
 
 EVAL_SEED_RANGE = (1_000_000, 2_000_000)
@@ -108,11 +117,19 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from spantrain.policies.extractor import MaskableGraphPolicy
-    from spantrain.policies.ppo import load_policy, save_policy
+    from spantrain.policies.ppo import load_policy, load_value_head, save_policy
     from spantrain.policies.starts import HeuristicStarts
     from spantrain.tracking import Tracker
 
     t_start = time.perf_counter()
+    init = None
+    if config.init_policy:  # before the heuristic starts: a wrong file should fail in seconds
+        init, _, _ = load_policy(config.init_policy)
+        want = {"hidden": config.hidden, "layers": config.layers}
+        have = {k: init.config.get(k) for k in want}
+        if have != want:
+            raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} has {have}, this run {want}; "
+                                 "pass the file's --hidden and --layers")
     # one intra-op thread: the graphs are small, and a second thread fighting for the same
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)
@@ -144,6 +161,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
                         policy_kwargs={"features_extractor_kwargs": {"hidden": config.hidden,
                                                                      "layers": config.layers}})
     net = model.policy.graph_net
+    if init is not None:
+        net.load_state_dict(init.state_dict())
+        value = load_value_head(config.init_policy)
+        if value is not None:
+            model.policy.value_net.load_state_dict(value)
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
@@ -153,15 +175,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
     curve: list[dict[str, float]] = []
     best: dict[str, Any] = {}  # the evaluated policy with the best held-out geomean so far
     imitation: list[dict[str, Any]] = []
-    if config.imitation_episodes:
-        from spantrain.policies.imitation import clone
-
-        expert_env = PlanEnv(env_cfg, start=starts)
-        expert_env.reset(seed=config.seed + 7)
-        imitation = [asdict(s) for s in clone(model.policy, expert_env, episodes=config.imitation_episodes,
-                                               rounds=config.imitation_rounds, epochs=config.imitation_epochs,
-                                               gamma=config.gamma, seed=config.seed, progress=config.progress)]
-        tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
 
     def checkpoint(steps: int) -> None:
         """Held-out evaluation, logged, and a policy file."""
@@ -173,12 +186,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
                  "wall_s": time.perf_counter() - t_start}
         curve.append(point)
         tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
-        path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point)
+        path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point,
+                           value=model.policy.value_net)
         if not best or point["geomean_ratio"] > best["geomean_ratio"]:
             best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path))
-
-    if imitation:
-        checkpoint(0)
 
     class Hooks(BaseCallback):
         """Progress bar, episode stats, periodic held-out evaluation and checkpoints."""
@@ -186,7 +197,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
         def _on_training_start(self) -> None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=config.timesteps, desc="train-policy", unit="step", disable=not config.progress)
+            rollout = config.n_steps * config.n_envs  # PPO stops after the rollout that reaches timesteps
+            total = -(-config.timesteps // rollout) * rollout
+            self.bar = tqdm(total=total, desc="train-policy", unit="step", disable=not config.progress)
             self.next_eval = config.eval_every
             self.returns: list[float] = []
             self.gains: list[float] = []
@@ -219,22 +232,48 @@ def train(config: TrainConfig) -> dict[str, Any]:
         def _on_training_end(self) -> None:
             self.bar.close()
 
-    if config.timesteps:
-        model.learn(total_timesteps=config.timesteps, callback=Hooks())
-        model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
+    phase = "imitation"
+    try:
+        if config.imitation_episodes and init is None:
+            from spantrain.policies.imitation import clone
+
+            expert_env = PlanEnv(env_cfg, start=starts)
+            expert_env.reset(seed=config.seed + 7)
+            imitation = [asdict(s) for s in clone(model.policy, expert_env, episodes=config.imitation_episodes,
+                                                   rounds=config.imitation_rounds, epochs=config.imitation_epochs,
+                                                   gamma=config.gamma, seed=config.seed, progress=config.progress)]
+            tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
+        phase = "ppo"
+        if imitation or init is not None:
+            checkpoint(0)
+        if config.timesteps:
+            model.learn(total_timesteps=config.timesteps, callback=Hooks())
+            model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
+    except KeyboardInterrupt:
+        # keep what was learned: the weights as they are, with how far the run got
+        steps = model.num_timesteps
+        path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
+                           meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,
+                                 "config": asdict(config)})
+        tracker.summary({"interrupted": phase, "interrupted_steps": steps})
+        tracker.finish()
+        where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else "imitation"
+        raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
+                                  f"(continue with --init-policy {path})", path) from None
     t_train = time.perf_counter() - t_start
     net.eval()
     final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
     meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
             "curve": curve, "imitation": imitation, "config": asdict(config)}
-    policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta)
+    policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta, value=model.policy.value_net)
     if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
         best.update(steps=config.timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
     # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
     chosen, _, _ = load_policy(best["policy"])
     best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
-                                     meta={**meta, "selected_steps": best["steps"]}))
+                                     meta={**meta, "selected_steps": best["steps"]},
+                                     value=load_value_head(best["policy"])))
     columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio", "plan_s"]
     tracker.log_table("eval/final", columns, final["rows"])
     plot = _plot_curve(curve, out / "sample_efficiency.png")

@@ -60,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpantrainError as e:
         print(f"spantrain {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"spantrain {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what it saved (`TrainingInterrupted`)
+        print(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

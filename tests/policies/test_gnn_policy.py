@@ -201,3 +201,46 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     assert "best held-out evaluation at step 0" in err and "(shipped)" in err
     assert shipped.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
     ppo.load_policy(shipped)
+
+
+@pytest.mark.slow
+def test_interrupted_training_keeps_its_weights_and_continues_from_them(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies.ppo import load_policy, load_value_head
+
+    tiny = ["--n-envs", "2", "--n-steps", "24", "--batch-size", "24", "--n-epochs", "1", "--max-devices", "6",
+            "--min-devices", "4", "--models", "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2",
+            "--eval-every", "48", "--hidden", "16", "--layers", "1", "--no-track", "--no-progress", "--workers", "1",
+            "--cache-dir", tmp_path / "cache"]
+    real_step = PlanEnv.step
+    calls = {"n": 0}
+
+    def ctrl_c_on_the_30th_step(self, action):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        return real_step(self, action)
+
+    with monkeypatch.context() as m:
+        m.setattr(PlanEnv, "step", ctrl_c_on_the_30th_step)
+        code, _, err = run_cli("train-policy", "--timesteps", "96", "--imitation-episodes", "0",
+                               "--out-dir", tmp_path / "first", *tiny)
+    saved = tmp_path / "first" / "interrupted-policy.pt"
+    assert code == 130 and "interrupted during PPO step" in err and f"--init-policy {saved}" in err, err
+    first, _, meta = load_policy(saved)
+    assert meta["interrupted"] == "ppo" and 0 < meta["steps"] < 96
+    assert load_value_head(saved) is not None  # the critic too, so PPO picks up where it stopped
+
+    # continuing skips imitation; the step-0 checkpoint is the saved policy, critic included
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--init-policy", saved,
+                           "--out-dir", tmp_path / "second", *tiny)
+    assert code == 0, err
+    start = tmp_path / "second" / "checkpoints" / "policy-0.pt"
+    again, _, _ = load_policy(start)
+    for key, value in first.state_dict().items():
+        assert torch.equal(again.state_dict()[key], value)
+    for key, value in load_value_head(saved).items():
+        assert torch.equal(load_value_head(start)[key], value)
+
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--init-policy", saved,
+                           "--out-dir", tmp_path / "third", *[a if a != "16" else "32" for a in tiny])
+    assert code == 2 and "--hidden" in err and "Traceback" not in err

@@ -20,3 +20,22 @@ def test_nothing_to_train_is_an_error_but_imitation_alone_is_fine():
         TrainConfig(timesteps=0, imitation_episodes=0)
     config = TrainConfig(timesteps=0, imitation_episodes=10, start_kicks=3)
     assert config.env_config().start_kicks == 3
+
+
+def test_init_policy_must_be_a_path_and_leave_ppo_steps_to_run():
+    with pytest.raises(SpantrainError, match="init_policy"):
+        TrainConfig(init_policy="")
+    # a starting policy replaces imitation, so PPO steps are all there is to train
+    with pytest.raises(SpantrainError, match="nothing to train"):
+        TrainConfig(init_policy="runs/policy/interrupted-policy.pt", timesteps=0, imitation_episodes=10)
+    assert TrainConfig(init_policy="p.pt", timesteps=10).init_policy == "p.pt"
+
+
+def test_missing_init_policy_fails_before_any_work(tmp_path):
+    from spantrain.errors import PolicyError
+    from spantrain.policies.training import train
+
+    with pytest.raises(PolicyError, match="not found"):
+        train(TrainConfig(init_policy=str(tmp_path / "missing.pt"), out_dir=str(tmp_path / "run"),
+                          cache_dir=str(tmp_path / "cache"), track=False, progress=False))
+    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
