@@ -51,8 +51,20 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
                   "knobs": {"micro_batch_size": cand.knobs.micro_batch_size, "schedule": cand.knobs.schedule,
                             "sync": cand.knobs.sync, "period": cand.knobs.period}}
     path = Path(cache) / f"{_key_name(key)}.json"
-    path.write_text(json.dumps({"key": list(key), "start": record}))
+    # write then rename: Ctrl-C reaches the worker processes too, and a half-written
+    # file must not pass for a cached start
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": list(key), "start": record}))
+    os.replace(tmp, path)
     return key, record
+
+
+def _cached(path: Path) -> tuple[bool, dict | None]:
+    """(found, start) of a cache file; an unreadable one counts as missing."""
+    try:
+        return True, json.loads(path.read_text())["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, None
 
 
 class HeuristicStarts:
@@ -66,10 +78,8 @@ class HeuristicStarts:
     def _record(self, key: tuple) -> dict | None:
         if key in self._memory:
             return self._memory[key]
-        path = self.cache_dir / f"{_key_name(key)}.json"
-        if path.exists():
-            record = json.loads(path.read_text())["start"]
-        else:
+        found, record = _cached(self.cache_dir / f"{_key_name(key)}.json")
+        if not found:
             record = _plan_one((key, str(self.cache_dir)))[1]
         self._memory[key] = record
         return record
@@ -87,7 +97,7 @@ class HeuristicStarts:
     def prepare(self, keys: Iterable[tuple], workers: int = 1, progress: bool = True) -> int:
         """Compute every missing start (in `workers` processes); returns how many were missing."""
         keys = list(dict.fromkeys(keys))
-        missing = [k for k in keys if not (self.cache_dir / f"{_key_name(k)}.json").exists()]
+        missing = [k for k in keys if not _cached(self.cache_dir / f"{_key_name(k)}.json")[0]]
         if not missing:
             return 0
         from tqdm import tqdm
