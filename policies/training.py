@@ -6,8 +6,10 @@ vectorized environments, evaluates against the heuristic on held-out scenarios (
 seeds training never draws) every `eval_every` steps, writes a policy file at every
 evaluation and at the end, plus `best-policy.pt`: the one with the best held-out geomean
 (the final one on a tie; PPO fine-tuning can drift below the imitation it starts from),
-and tracks config, reward and evaluation curves and the final evaluation table in W&B
-(offline unless the user is logged in).
+and tracks config, reward and evaluation curves, PPO's diagnostics and the final
+evaluation table in W&B (offline unless the user is logged in). Ctrl-C saves the
+weights so far as `interrupted-policy.pt` (`TrainingInterrupted`); `init_policy`
+continues from such a file, or any policy file, instead of imitating.
 """
 
 from __future__ import annotations
@@ -249,6 +251,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if config.timesteps:
             model.learn(total_timesteps=config.timesteps, callback=Hooks())
             model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
+        t_train = time.perf_counter() - t_start
+        phase = "final evaluation"
+        net.eval()
+        final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
     except KeyboardInterrupt:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
@@ -257,12 +263,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                                  "config": asdict(config)})
         tracker.summary({"interrupted": phase, "interrupted_steps": steps})
         tracker.finish()
-        where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else "imitation"
+        where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
                                   f"(continue with --init-policy {path})", path) from None
-    t_train = time.perf_counter() - t_start
-    net.eval()
-    final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
     meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
             "curve": curve, "imitation": imitation, "config": asdict(config)}
