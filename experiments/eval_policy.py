@@ -9,7 +9,8 @@ gpt2-xl / llama2-7b. For each case: `ppo` (the policy improving the heuristic's 
 better of one pipeline through all devices and plain data parallelism), `heuristic`,
 `ga` and the baselines, all re-estimated by one cost model; ratios are heuristic
 iteration time over the planner's (> 1 is better than the heuristic); plan latency is
-wall time.
+wall time, for heuristic, ppo and auto the median of `--latency-repeats` runs (the
+slowest single run is reported too).
 
 Adaptation: held-out scenarios where a region's links change under a running plan;
 effective throughput over the remaining iterations, migration included, of keeping the
@@ -30,6 +31,7 @@ markdown table under experiments/results/, logs to W&B (offline by default).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -60,6 +62,9 @@ PLANNERS = ("ppo", "auto", "ppo-alone", "lookahead", "beam", "ga", *BASELINES)
 """Rows of the planning table, in order (headroom searches and baselines included)."""
 BEAM_MAX_DEVICES = 32
 """Largest cluster the beam search runs on (its cost grows with devices squared)."""
+TIMED_PLANNERS = ("heuristic", "ppo", "auto")
+"""Planners whose plan time is the median of `--latency-repeats` runs (this machine's
+single-core speed swings by up to 2x within minutes; every run gives the same plan)."""
 
 
 def _cases(quick: bool) -> list[tuple[str, int, int, str]]:
@@ -86,7 +91,16 @@ def _headroom(cluster, workload, searches: dict) -> dict[str, dict]:
     return out
 
 
-def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool) -> list[dict]:
+def _timed(name: str, cluster, workload, repeats: int, **options):
+    """`run_planner` `repeats` times: the first result with the median plan time, and every time."""
+    runs = [run_planner(name, cluster, workload, **options) for _ in range(repeats)]
+    assert len({r.iteration_s if r.feasible else None for r in runs}) == 1, f"{name} is not deterministic"
+    times = [r.plan_s for r in runs]
+    return dataclasses.replace(runs[0], plan_s=float(np.median(times))), times
+
+
+def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool,
+               latency_repeats: int = 1) -> list[dict]:
     from tqdm import tqdm
 
     net, _, _ = load_policy(policy)
@@ -95,10 +109,12 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: 
         cluster = generate(n, seed=seed, profile=profile)
         workload = Workload.from_preset(model)
         row = {"profile": profile, "devices": n, "seed": seed, "model": model}
-        results = {name: run_planner(name, cluster, workload) for name in ("heuristic", *BASELINES)}
+        results = {name: run_planner(name, cluster, workload) for name in BASELINES}
         results["ga"] = run_planner("ga", cluster, workload, budget_s=ga_budget_s)
-        results["ppo"] = run_planner("ppo", cluster, workload, **({"policy": policy} if policy else {}))
-        results["auto"] = run_planner("auto", cluster, workload, **({"policy": policy} if policy else {}))
+        runs = {}
+        for name in TIMED_PLANNERS:
+            options = {"policy": policy} if policy and name != "heuristic" else {}
+            results[name], runs[name] = _timed(name, cluster, workload, latency_repeats, **options)
         if results["heuristic"].feasible:
             searches = {"lookahead": expert_rollout}
             if beam_width and n <= BEAM_MAX_DEVICES:
@@ -115,6 +131,8 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: 
         for name, r in results.items():
             row[name] = {"iteration_s": r.iteration_s if r.feasible else math.inf, "plan_s": r.plan_s,
                          "feasible": r.feasible}
+            if name in runs:
+                row[name]["plan_s_runs"] = runs[name]
         rows.append(row)
     del net
     return rows
@@ -188,7 +206,10 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
                            "better_1pct": float(np.mean([x >= 1.01 for x in ratios])),
                            "worse": float(np.mean([x < 1 - 1e-9 for x in ratios])),
                            "median_plan_s": float(np.median([r[name]["plan_s"] for r in group])),
-                           "max_plan_s": float(np.max([r[name]["plan_s"] for r in group]))}
+                           "max_plan_s": float(np.max([r[name]["plan_s"] for r in group])),
+                           "max_single_plan_s": float(np.max([t for r in group
+                                                              for t in r[name].get("plan_s_runs", [])]
+                                                             or [r[name]["plan_s"] for r in group]))}
         out["planning"][label] = entry
     cee = [r for r in rows if r["profile"] == "cee"]
     best_base = [max((1 / r[b]["iteration_s"] for b in BASELINES if np.isfinite(r[b]["iteration_s"])), default=0)
@@ -241,6 +262,12 @@ def markdown(summary: dict) -> str:
                   f"| cases where re-planning or the expert gains > 0.1 % | {a['plan_affected']:.0%} |"]
     lines.append(f"\nauto over the best of ddp/gpipe/megatron on cee (geomean): "
                  f"{summary['auto_over_best_baseline_cee']:.2f}x")
+    repeats = summary.get("latency_repeats", 1)
+    if repeats > 1:
+        slowest = {label: entry["ppo"]["max_single_plan_s"] for label, entry in summary["planning"].items()
+                   if "ppo" in entry}
+        lines.append(f"\nplan s of {', '.join(TIMED_PLANNERS)}: median of {repeats} timed runs per case; ppo's "
+                     "slowest single run: " + ", ".join(f"{v:.2f} s ({k})" for k, v in slowest.items()))
     return "\n".join(lines)
 
 
@@ -301,12 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ga-budget-s", type=float, default=2.0, help="ga time budget per case (default 2 s)")
     p.add_argument("--beam-width", type=int, default=8,
                    help="plans per level of the headroom beam search (default 8; 0: skip it)")
+    p.add_argument("--latency-repeats", type=int, default=3,
+                   help="timed runs of heuristic, ppo and auto per case; their plan time is the median "
+                        "(default 3)")
     p.add_argument("--out", default=str(RESULTS), help="where plots and tables go")
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.beam_width < 0:
         print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
+        return 2
+    if args.latency_repeats < 1:
+        print(f"eval_policy: error: --latency-repeats must be >= 1, got {args.latency_repeats}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress)
+    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats)
     adapt = adaptation_cases(args.policy, args.quick, progress)
     summary = summarize(rows, adapt)
+    summary["latency_repeats"] = args.latency_repeats
     summary["wall_s"] = time.perf_counter() - t0
     summary["policy_meta"] = {k: meta.get(k) for k in ("timesteps", "train_s", "starts_s")}
     curve = meta.get("curve") or []

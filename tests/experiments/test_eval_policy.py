@@ -10,7 +10,7 @@ from spantrain.experiments import eval_policy
 @pytest.mark.slow
 def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     code = eval_policy.main(["--quick", "--json", "--no-track", "--no-progress", "--ga-budget-s", "0.2",
-                             "--out", str(tmp_path)])
+                             "--latency-repeats", "2", "--out", str(tmp_path)])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["planning"], summary
@@ -22,10 +22,19 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     assert summary["planning"]["training sizes (8-32)"]["beam"]["worse"] == 0.0
     assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
     assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios.png", "policy_latency.png"}
-    assert (tmp_path / "eval_policy_quick.md").read_text().startswith("| cases | planner |")
+    table = (tmp_path / "eval_policy_quick.md").read_text()
+    assert table.startswith("| cases | planner |") and "median of 2 timed runs per case" in table
+    # the latency figure is each case's median run; the slowest single run is kept and reported
+    for r in json.loads((tmp_path / "eval_policy_quick.json").read_text())["cases"]:
+        runs = r["ppo"]["plan_s_runs"]
+        assert len(runs) == 2 and r["ppo"]["plan_s"] == pytest.approx(sum(runs) / 2)
+    for entry in summary["planning"].values():
+        assert entry["ppo"]["max_single_plan_s"] >= entry["ppo"]["max_plan_s"]
 
 
-def test_negative_beam_width_is_a_one_line_error(tmp_path, capsys):
-    assert eval_policy.main(["--beam-width", "-1", "--out", str(tmp_path), "--no-track"]) == 2
+@pytest.mark.parametrize("flag,value,error", [("--beam-width", "-1", "--beam-width must be >= 0, got -1"),
+                                              ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0")])
+def test_bad_option_is_a_one_line_error(tmp_path, capsys, flag, value, error):
+    assert eval_policy.main([flag, value, "--out", str(tmp_path / "out"), "--no-track"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "eval_policy: error: --beam-width must be >= 0, got -1" and not list(tmp_path.iterdir())
+    assert err == f"eval_policy: error: {error}" and not (tmp_path / "out").exists()
