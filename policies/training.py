@@ -126,6 +126,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     init = None
     if config.init_policy:  # before the heuristic starts: a wrong file should fail in seconds
+        if not Path(config.init_policy).is_file():
+            raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} not found (pass a policy file: "
+                                 "a checkpoint, or interrupted-policy.pt or best-policy.pt of a training run)")
         init, _, _ = load_policy(config.init_policy)
         want = {"hidden": config.hidden, "layers": config.layers}
         have = {k: init.config.get(k) for k in want}

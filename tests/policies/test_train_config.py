@@ -32,10 +32,9 @@ def test_init_policy_must_be_a_path_and_leave_ppo_steps_to_run():
 
 
 def test_missing_init_policy_fails_before_any_work(tmp_path):
-    from spantrain.errors import PolicyError
     from spantrain.policies.training import train
 
-    with pytest.raises(PolicyError, match="not found"):
+    with pytest.raises(SpantrainError, match=r"init_policy: .*missing\.pt not found"):
         train(TrainConfig(init_policy=str(tmp_path / "missing.pt"), out_dir=str(tmp_path / "run"),
                           cache_dir=str(tmp_path / "cache"), track=False, progress=False))
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
