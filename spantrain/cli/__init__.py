@@ -65,6 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a path the user gave cannot be read or written (-o into a missing directory, an
+        # output directory under a file, ...): name it, no traceback
+        print(f"spantrain {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

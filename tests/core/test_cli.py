@@ -78,6 +78,15 @@ def test_bad_arguments(run_cli):
     _one_line_error(code, out, err, "invalid int value")
 
 
+def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", afile / "c.yaml")
+    _one_line_error(code, out, err, f"{afile / 'c.yaml'}: Not a directory")
+    code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", tmp_path)
+    _one_line_error(code, out, err, f"{tmp_path}: Is a directory")
+
+
 def test_real_process_prints_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "spantrain", "topo", "show", str(tmp_path / "x.yaml")],
                             capture_output=True, text=True)
