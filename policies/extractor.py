@@ -30,6 +30,7 @@ from spantrain.env.spaces import (
     ActionLayout,
 )
 from spantrain.policies.gnn import DeviceGraphEncoder, PlanHeads
+from spantrain.policies.train_config import ATTENTION_HEADS
 
 __all__ = ["to_graph", "GraphPolicyNet", "GraphFeaturesExtractor", "MaskableGraphPolicy"]
 
@@ -69,7 +70,7 @@ def to_graph(nodes: torch.Tensor, edges: torch.Tensor, mask: torch.Tensor, k: in
 class GraphPolicyNet(nn.Module):
     """Encoder + heads: padded observation dict -> (flat logits, value latent)."""
 
-    def __init__(self, hidden: int = 64, layers: int = 3, heads: int = 4):
+    def __init__(self, hidden: int = 64, layers: int = 3, heads: int = ATTENTION_HEADS):
         super().__init__()
         self.encoder = DeviceGraphEncoder(NODE_FEATURES, EDGE_FEATURES, hidden=hidden, layers=layers, heads=heads)
         self.heads = PlanHeads(hidden, EDGE_FEATURES, GLOBAL_FEATURES, len(KNOBS))
@@ -91,7 +92,8 @@ class GraphPolicyNet(nn.Module):
 class GraphFeaturesExtractor(BaseFeaturesExtractor):
     """SB3 features extractor whose features are [logits | value latent]."""
 
-    def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, layers: int = 3, heads: int = 4):
+    def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, layers: int = 3,
+                 heads: int = ATTENTION_HEADS):
         n = observation_space["mask"].shape[0]
         self.n_actions = ActionLayout(n).size
         super().__init__(observation_space, features_dim=self.n_actions + hidden)

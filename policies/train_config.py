@@ -7,7 +7,10 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "ATTENTION_HEADS"]
+
+ATTENTION_HEADS = 4
+"""Attention heads of every encoder layer (`GraphPolicyNet`'s default), which split `hidden`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +49,7 @@ class TrainConfig:
     ent_coef: float = 0.01
     """Entropy bonus (keeps exploring moves instead of stopping at once)."""
     hidden: int = 64
-    """Width of the graph encoder."""
+    """Width of the graph encoder (a multiple of its `ATTENTION_HEADS`)."""
     layers: int = 3
     """Message-passing layers."""
     start_kicks: int = 4
@@ -97,6 +100,9 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if self.hidden % ATTENTION_HEADS:
+            raise SpantrainError(f"TrainConfig.hidden must be a multiple of {ATTENTION_HEADS} (the encoder's "
+                                 f"attention heads), got {self.hidden}")
         if self.min_devices < 2 or self.min_devices > self.max_devices:
             raise SpantrainError(f"TrainConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
         if not 0 <= self.adapt_prob <= 1:

@@ -9,7 +9,8 @@ from spantrain.policies.train_config import TrainConfig
 
 
 @pytest.mark.parametrize("field,value", [("timesteps", -1), ("start_kicks", -2), ("imitation_episodes", 1.5),
-                                         ("imitation_rounds", 0), ("imitation_epochs", 0), ("n_envs", 0)])
+                                         ("imitation_rounds", 0), ("imitation_epochs", 0), ("n_envs", 0),
+                                         ("hidden", 30)])
 def test_bad_field_is_named(field, value):
     with pytest.raises(SpantrainError, match=field):
         TrainConfig(**{field: value})
