@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs
@@ -57,6 +58,10 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
     tmp.write_text(json.dumps({"key": list(key), "start": record}))
     os.replace(tmp, path)
     return key, record
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _cached(path: Path) -> tuple[bool, dict | None]:
@@ -105,8 +110,12 @@ class HeuristicStarts:
         bar = tqdm(total=len(missing), desc="heuristic starts", unit="plan", disable=not progress)
         jobs = [(k, str(self.cache_dir)) for k in missing]
         if workers > 1:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                for _ in pool.map(_plan_one, jobs, chunksize=4):
+            # workers ignore Ctrl-C and the pool's exit terminates them: with a
+            # ProcessPoolExecutor, Ctrl-C killed a worker mid-queue and the parent hung waiting
+            # for it; here the parent alone raises KeyboardInterrupt, and the starts already
+            # written stay cached
+            with multiprocessing.Pool(workers, initializer=_ignore_sigint) as pool:
+                for _ in pool.imap_unordered(_plan_one, jobs, chunksize=4):
                     bar.update()
         else:
             for job in jobs:

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import scenario_workload
 from spantrain.policies.heuristic import HeuristicPlanner
@@ -37,3 +46,36 @@ def test_a_half_written_cache_file_is_recomputed(tmp_path):
     path.write_text("{")
     assert HeuristicStarts(tmp_path)(KEY, _evaluator()).feasible
     assert path.read_text() == whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c", "kill-int"])
+def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_written(tmp_path, to_group):
+    # the parent alone takes the KeyboardInterrupt (workers ignore it) and the pool's exit
+    # terminates the workers; with a ProcessPoolExecutor, SIGINT to the parent alone made it
+    # wait for every queued start (minutes) before exiting
+    code = ("import sys\n"
+            "from spantrain.policies.starts import HeuristicStarts\n"
+            "keys = [('datacenter', 32, s, 'gpt2-xl', 1.0) for s in range(200)]\n"
+            "HeuristicStarts(sys.argv[1]).prepare(keys, workers=2, progress=False)\n")
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (cache.exists() and any(p.suffix == ".json" for p in cache.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no start was written"
+        time.sleep(0.1)
+    if to_group:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
+    else:
+        proc.send_signal(signal.SIGINT)  # kill -INT, timeout -s INT, a scheduler: the parent only
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("prepare kept running after SIGINT") from None
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    written = list(cache.iterdir())
+    assert 0 < len(written) < 200 and all(p.suffix == ".json" for p in written)  # no half-written file
+    keys = [tuple(json.loads(p.read_text())["key"]) for p in written]  # every file whole
+    assert HeuristicStarts(cache).prepare(keys, progress=False) == 0
