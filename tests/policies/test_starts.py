@@ -54,7 +54,9 @@ def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_w
     # the parent alone takes the KeyboardInterrupt (workers ignore it) and the pool's exit
     # terminates the workers; with a ProcessPoolExecutor, SIGINT to the parent alone made it
     # wait for every queued start (minutes) before exiting
-    code = ("import sys\n"
+    # a runner in the background (nohup, CI) may hand down SIGINT ignored: restore Python's handler
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from spantrain.policies.starts import HeuristicStarts\n"
             "keys = [('datacenter', 32, s, 'gpt2-xl', 1.0) for s in range(200)]\n"
             "HeuristicStarts(sys.argv[1]).prepare(keys, workers=2, progress=False)\n")
