@@ -236,7 +236,7 @@ class AutoPlanner:
     def prepare(self) -> None:
         """Load the policy now when it can be; when not, `plan` says so and falls back."""
         with contextlib.suppress(PolicyError):
-            self.ppo._load()
+            self.ppo.prepare()
 
     def plan(self, cluster: Cluster, workload: Workload) -> Plan:
         ev = Evaluator(cluster, workload)
@@ -247,7 +247,7 @@ class AutoPlanner:
 
         heuristic = HeuristicPlanner().best_candidate(ev)
         try:
-            self.ppo._load()
+            self.ppo.prepare()
         except PolicyError as e:
             print(f"spantrain: warning: {e}; using the heuristic plan", file=sys.stderr)
             self.stats = {"chosen": "heuristic", "fallback": str(e)}

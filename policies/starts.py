@@ -101,8 +101,13 @@ class HeuristicStarts:
 
     def prepare(self, keys: Iterable[tuple], workers: int = 1, progress: bool = True) -> int:
         """Compute every missing start (in `workers` processes); returns how many were missing."""
-        keys = list(dict.fromkeys(keys))
-        missing = [k for k in keys if not _cached(self.cache_dir / f"{_key_name(k)}.json")[0]]
+        missing = []
+        for k in dict.fromkeys(keys):
+            found, record = _cached(self.cache_dir / f"{_key_name(k)}.json")
+            if found:
+                self._memory[k] = record  # read once: `__call__` takes it from here
+            else:
+                missing.append(k)
         if not missing:
             return 0
         from tqdm import tqdm
@@ -115,11 +120,13 @@ class HeuristicStarts:
             # for it; here the parent alone raises KeyboardInterrupt, and the starts already
             # written stay cached
             with multiprocessing.Pool(workers, initializer=_ignore_sigint) as pool:
-                for _ in pool.imap_unordered(_plan_one, jobs, chunksize=4):
+                for key, record in pool.imap_unordered(_plan_one, jobs, chunksize=4):
+                    self._memory[key] = record
                     bar.update()
         else:
             for job in jobs:
-                _plan_one(job)
+                key, record = _plan_one(job)
+                self._memory[key] = record
                 bar.update()
         bar.close()
         return len(missing)
