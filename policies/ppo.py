@@ -203,25 +203,28 @@ class PPOPlanner:
         from spantrain.env.plan_env import Scenario
         from spantrain.policies.heuristic import HeuristicPlanner
 
-        net = self._load()
+        self._load()
         t0 = time.perf_counter()
         with gc_paused():
             if start is None:
                 start = HeuristicPlanner().best_candidate(ev)
             t1 = time.perf_counter()
             scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
-            best = self.improve(net, scenario)
+            best = self.improve(scenario)
         self.stats = {"plan_s": time.perf_counter() - t0, "start_s": t1 - t0, "policy_s": time.perf_counter() - t1,
                       "gain": start.time / best.time}
         return best
 
-    def improve(self, net, scenario) -> Candidate:
+    def improve(self, scenario, *, horizon: int | None = None) -> Candidate:
+        """The best plan the policy reaches from `scenario.start`; `horizon`: iterations
+        over which a migration is amortized (the policy's training horizon when None)."""
+        net = self._load()
         steps = self.config.steps or int(self._env_settings.get("max_steps", 12))
         samples = self.config.samples
         if samples is None:
             samples = default_samples(len(scenario.cluster))
         return improve(net, scenario, steps=steps, samples=samples, seed=self.config.seed,
-                       horizon=int(self._env_settings.get("horizon", 500)))
+                       horizon=horizon or int(self._env_settings.get("horizon", 500)))
 
 
 class AutoPlanner:

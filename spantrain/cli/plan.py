@@ -6,6 +6,11 @@ throughput and iteration time, memory per device) or, with ``--json``, one objec
 "peak_memory_gb", "planner", "plan_s"}``. A baseline whose arrangement does not fit
 memory still prints its plan, marked infeasible (as `simulate` does); a planner that
 finds nothing feasible is an error (exit 2).
+
+With ``--from RUNNING.json`` it adapts a running plan to the cluster as it is now
+(`spantrain.policies.adapt`): keep it, let the policy move it, or re-plan, whichever
+finishes the ``--remaining-steps`` soonest with the state migration counted; the JSON
+object then also holds ``"adaptation"`` (the options and the choice).
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planner", default=DEFAULT_PLANNER, metavar="NAME",
                    help=f"planner name ({DEFAULT_PLANNER} by default; see `spantrain compare`)")
     add_planner_option_args(p)
+    p.add_argument("--from", dest="running", metavar="FILE",
+                   help="adapt this running plan to the cluster as it is now (keep it, move it or re-plan, "
+                        "migration counted) instead of planning from scratch")
+    p.add_argument("--remaining-steps", type=int, metavar="N",
+                   help="with --from: iterations the run still has to go, over which a migration must pay "
+                        "(default 500)")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON here")
     add_json_arg(p)
     p.set_defaults(func=run)
@@ -71,13 +82,21 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spantrain.env.costmodel import CostModel
+    from spantrain.errors import PlannerError
     from spantrain.policies.registry import get_planner
 
+    if args.remaining_steps is not None and not args.running:
+        raise PlannerError("--remaining-steps needs --from RUNNING_PLAN")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
-    planner = get_planner(args.planner, **planner_options(args.planner, args, strict=True))
+    options = planner_options(args.planner, args, strict=True)
     t0 = time.perf_counter()
-    plan = planner.plan(cluster, workload)
+    adaptation = None
+    if args.running:
+        adaptation = _adapt(args, cluster, workload, options)
+        plan = adaptation.plan
+    else:
+        plan = get_planner(args.planner, **options).plan(cluster, workload)
     plan_s = time.perf_counter() - t0
     model = CostModel(cluster, workload, memo=False)
     est = model.estimate(plan)
@@ -87,12 +106,60 @@ def run(args: argparse.Namespace) -> int:
         print(f"spantrain plan: warning: the {args.planner} plan does not fit: " + "; ".join(est.reasons),
               file=sys.stderr)
     if args.json:
-        print_json({"plan": plan.to_dict(), "estimate": est.to_dict(), "iteration_s": est.iteration_s,
-                    "samples_per_s": est.samples_per_s, "feasible": est.feasible,
-                    "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s})
+        out = {"plan": plan.to_dict(), "estimate": est.to_dict(), "iteration_s": est.iteration_s,
+               "samples_per_s": est.samples_per_s, "feasible": est.feasible,
+               "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s}
+        if adaptation is not None:
+            out["adaptation"] = adaptation.to_dict()
+        print_json(out)
         return 0
+    if adaptation is not None:
+        _print_adaptation(adaptation, args.output)
     _print_human(cluster, workload, plan, est, model, args.planner, plan_s, args.output)
     return 0
+
+
+def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any]):
+    from spantrain.errors import PlanError
+    from spantrain.plan import Plan
+    from spantrain.policies.adapt import DEFAULT_REMAINING_STEPS, adapt_plan
+
+    steps = DEFAULT_REMAINING_STEPS if args.remaining_steps is None else args.remaining_steps
+    if steps < 1:
+        raise PlanError(f"--remaining-steps must be a positive integer, got {steps}")
+    running = Plan.from_file(args.running)
+    try:
+        adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=args.planner, **options)
+    except PlanError as e:
+        raise PlanError(f"running plan {args.running}: {e}") from None
+    if adaptation.missing:
+        print(f"spantrain plan: warning: the running plan's device(s) {', '.join(adaptation.missing)} are not in "
+              f"{args.cluster}; planning afresh (their layers come back from the run's last checkpoint)",
+              file=sys.stderr)
+    return adaptation
+
+
+def _print_adaptation(a, output: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    t = Table(title_justify="left", title=f"adapting the running plan: {a.remaining_steps} iterations to go")
+    for col in ("option", "s/iter", "migration s", "total s", ""):
+        t.add_column(col, justify="left" if col in ("option", "") else "right")
+    for o in a.options:
+        t.add_row(o.name, f"{o.iteration_s:.4g}", f"{o.migration_s:.4g}", f"{o.total_s:.5g}",
+                  "[bold]chosen[/]" if o.name == a.chosen else "")
+    con.print(t)
+    if a.missing:
+        con.print("decision   plan afresh (devices left the cluster)")
+    elif a.switch:
+        keep, new = a.option("keep"), a.option(a.chosen)
+        con.print(f"decision   switch to the {a.chosen} plan: done {keep.total_s - new.total_s:.4g} s sooner, "
+                  "migration included")
+        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")
+    else:
+        con.print("decision   keep the running plan (nothing finishes sooner once migration is paid)")
 
 
 def _print_human(cluster, workload, plan, est, model, planner, plan_s, output) -> None:

@@ -1,0 +1,165 @@
+"""Adapting a running plan to a cluster that changed: keep it, let the policy move it, or re-plan.
+
+When links or devices change under a running job (re-measured with `spantrain profile`),
+the plan that is running may no longer be the best one, but switching has a price: every
+device that is to hold layers it does not hold now must receive their weights and
+optimizer state (16 bytes per parameter, from the best-connected device that holds
+them, devices in parallel: `PlanEnv.migration_s`). Over the ``remaining_steps``
+iterations still to run, each option costs ``remaining_steps x iteration_s +
+migration_s``, and the cheapest wins:
+
+- ``keep``: the running plan as it is, scored on the cluster as it is now;
+- ``ppo``: the learned policy, starting from the running plan and weighing the
+  migration over the same horizon (what it was trained for in adaptation episodes);
+- a fresh plan of the named planner (the heuristic's for ``auto``), paying whatever
+  migration it implies.
+
+A device of the running plan that is no longer in the cluster (it failed or left) makes
+keeping impossible; the options are then the fresh plans, compared by iteration time
+alone, since the departed device's layers come back from the run's last checkpoint,
+whose cost this module does not model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from spantrain.cluster import Cluster
+from spantrain.env.evaluator import Candidate, Evaluator, Knobs
+from spantrain.errors import PlanError, PolicyError
+from spantrain.plan import Plan
+from spantrain.workload import Workload
+
+__all__ = ["Option", "Adaptation", "candidate_from_plan", "adapt_plan", "DEFAULT_REMAINING_STEPS"]
+
+DEFAULT_REMAINING_STEPS = 500
+"""Iterations still to run when the user does not say (the policy's training horizon)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One way to continue the run."""
+
+    name: str
+    """``keep``, ``ppo`` or the re-planning planner's name."""
+    iteration_s: float
+    """Predicted seconds per iteration on the cluster as it is now (inf: does not fit)."""
+    migration_s: float
+    """Seconds to move state to the devices that need it (0 for ``keep``)."""
+    total_s: float
+    """remaining steps x `iteration_s` + `migration_s` (`iteration_s` alone when a device left)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Adaptation:
+    """What to run from now on, and why."""
+
+    plan: Plan
+    """The plan to continue with (the running one when keeping is cheapest)."""
+    chosen: str
+    """Name of the chosen `Option`."""
+    remaining_steps: int
+    """Iterations the choice was made for."""
+    options: tuple[Option, ...]
+    """Every option considered, in the order tried."""
+    missing: tuple[str, ...] = ()
+    """Devices of the running plan that are not in the cluster any more."""
+
+    @property
+    def switch(self) -> bool:
+        """True when the run should move to a new plan."""
+        return self.chosen != "keep"
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen": self.chosen, "switch": self.switch, "remaining_steps": self.remaining_steps,
+                "options": [o.to_dict() for o in self.options], "missing_devices": list(self.missing)}
+
+
+def candidate_from_plan(ev: Evaluator, plan: Plan) -> Candidate:
+    """The plan exactly as written (its own layer ranges and micro-batches), scored on
+    `ev`'s cluster; `PlanError` naming every problem when it does not match them."""
+    plan.validate(ev.cluster, ev.workload)
+    index = {d: i for i, d in enumerate(ev.cluster.ids)}
+    built = [(tuple(index[s.device] for s in p.stages), tuple(s.layers[0] for s in p.stages),
+              p.micro_batch_size, p.num_micro_batches) for p in plan.pipelines]
+    knobs = Knobs(micro_batch_size=max(p.micro_batch_size for p in plan.pipelines), schedule=plan.schedule,
+                  sync=plan.sync.mode, period=plan.sync.period)
+    return ev.score_built(built, knobs)
+
+
+def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining_steps: int = DEFAULT_REMAINING_STEPS,
+               planner: str = "auto", **planner_options: Any) -> Adaptation:
+    """The cheapest way to run the remaining steps from `running` (module docstring).
+
+    `planner` decides the options: ``auto`` tries the policy and the heuristic, ``ppo``
+    the policy alone, any other registered planner its fresh plan; keeping is always an
+    option while every device of `running` is still there. `planner_options` go to the
+    planner (``policy=FILE`` for ppo/auto)."""
+    from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers
+    from spantrain.policies.registry import get_planner
+
+    if isinstance(remaining_steps, bool) or not isinstance(remaining_steps, int) or remaining_steps < 1:
+        raise PlanError([f"remaining steps must be a positive integer, got {remaining_steps!r}"])
+    problems = running.problems(None, workload)
+    if running.batch != workload.global_batch:
+        problems.append(f"the running plan's batch is {running.batch} samples but the workload's global batch is "
+                        f"{workload.global_batch} (pass --global-batch {running.batch})")
+    if problems:
+        raise PlanError(problems)
+    get_planner(planner, **planner_options)  # unknown names and options fail before any work
+    missing = tuple(d for d in running.devices if d not in cluster)
+    ev = Evaluator(cluster, workload)
+    H = remaining_steps
+    options: list[Option] = []
+    found: dict[str, Candidate] = {}
+    env = None
+    if not missing:
+        keep = candidate_from_plan(ev, running)
+        env = PlanEnv(EnvConfig(max_devices=max(len(cluster), 2), min_devices=2, horizon=H))
+        env.load(Scenario(key=("running",), cluster=cluster, workload=workload, evaluator=ev, start=keep,
+                          running=held_layers(keep, workload.num_layers)))
+        found["keep"] = keep
+        if planner in ("ppo", "auto"):
+            from spantrain.policies.ppo import PPOPlanner
+
+            ppo = PPOPlanner(**planner_options)
+            if planner == "ppo" or _loads(ppo):
+                found["ppo"] = ppo.improve(env.scenario, horizon=H)
+    fresh = "heuristic" if planner == "auto" else planner
+    if fresh != "ppo" or missing:
+        made = get_planner(fresh, **({} if planner == "auto" else planner_options)).plan(cluster, workload)
+        found[fresh] = candidate_from_plan(ev, made)
+    for name, cand in found.items():
+        migration = 0.0 if env is None or name == "keep" else env.migration_s(cand)
+        total = cand.time if missing else H * cand.time + migration
+        options.append(Option(name=name, iteration_s=float(cand.time), migration_s=float(migration),
+                              total_s=float(total)))
+    best = min(options, key=lambda o: (o.total_s, o.name != "keep"))  # ties keep the running plan
+    if not math.isfinite(best.total_s):
+        raise PlanError(["no option fits memory on the cluster as it is now: "
+                         + "; ".join(f"{n}: {c.note}" for n, c in found.items() if c.note)])
+    chosen = found[best.name]
+    plan = ev.to_plan(chosen)
+    if best.name == "keep":  # the very plan that runs, with today's prediction
+        plan = dataclasses.replace(running, predicted=plan.predicted)
+    return Adaptation(plan=plan, chosen=best.name, remaining_steps=H, options=tuple(options), missing=missing)
+
+
+def _loads(ppo) -> bool:
+    """Whether the policy loads; if not, a one-line warning (``auto`` goes on without it)."""
+    try:
+        ppo.prepare()
+    except PolicyError as e:
+        print(f"spantrain: warning: {e}; adapting without the policy", file=sys.stderr)
+        return False
+    return True
