@@ -14,7 +14,9 @@ slowest single run is reported too).
 
 Adaptation: held-out scenarios where a region's links change under a running plan;
 effective throughput over the remaining iterations, migration included, of keeping the
-plan, re-planning with the heuristic (and migrating), and letting the policy adapt it.
+plan, re-planning with the heuristic (and migrating), and letting the policy adapt it;
+and what users run, `spantrain plan --from` (`spantrain.policies.adapt`: the best of
+keeping the plan exactly as it runs, the policy's move and the heuristic's re-plan).
 
 Headroom, from the same start (the heuristic's plan), with the cost model as the judge:
 `lookahead`, the expert the policy imitates (`spantrain.policies.imitation`: every
@@ -44,6 +46,7 @@ from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers, network_change, simple_start
 from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
+from spantrain.policies.adapt import adapt_plan
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
 from spantrain.policies.imitation import beam_search, expert_rollout
@@ -172,7 +175,13 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
                           horizon=env.config.horizon)
         ppo_s = time.perf_counter() - t0
         looked = expert_rollout(env)
-        rows.append({"profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
+        deployed = adapt_plan(changed, workload, ev.to_plan(running), remaining_steps=env.config.horizon,
+                              policy=policy)
+        chosen = deployed.option(deployed.chosen)
+        rows.append({"auto": workload.global_batch * env.config.horizon / chosen.total_s,
+                     "auto_keep": workload.global_batch * env.config.horizon / deployed.option("keep").total_s,
+                     "auto_chosen": deployed.chosen,
+                     "profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
                      "keep": env._effective(now), "heuristic": env._effective(replanned),
                      "heuristic_migration_s": env.migration_s(replanned), "ppo": env._effective(adapted),
                      "ppo_migration_s": env.migration_s(adapted), "ppo_s": ppo_s,
@@ -229,6 +238,12 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
             "lookahead_over_heuristic_replan": _geomean([a["lookahead"] / a["heuristic"] for a in adapt]),
             "plan_affected": float(np.mean([max(a["heuristic"], a["lookahead"]) > a["keep"] * 1.001
                                             for a in adapt])),
+            "auto_over_keep": _geomean([a["auto"] / a["auto_keep"] for a in adapt]),
+            "auto_over_heuristic_replan": _geomean([a["auto"] / a["heuristic"] for a in adapt]),
+            "auto_switched": float(np.mean([a["auto_chosen"] != "keep" for a in adapt])),
+            "auto_chose_ppo": float(np.mean([a["auto_chosen"] == "ppo" for a in adapt])),
+            "auto_below_keep_or_replan": float(np.mean([a["auto"] < max(a["auto_keep"], a["heuristic"]) * (1 - 1e-9)
+                                                        for a in adapt])),
         }
     return out
 
@@ -259,7 +274,13 @@ def markdown(summary: dict) -> str:
                   f"| lookahead expert vs keeping the plan | {a['lookahead_over_keep']:.3f} |",
                   f"| lookahead expert vs heuristic re-plan (+ migration) | "
                   f"{a['lookahead_over_heuristic_replan']:.3f} |",
-                  f"| cases where re-planning or the expert gains > 0.1 % | {a['plan_affected']:.0%} |"]
+                  f"| cases where re-planning or the expert gains > 0.1 % | {a['plan_affected']:.0%} |",
+                  f"| `plan --from` (best of keep, ppo, heuristic re-plan) vs keeping the plan | "
+                  f"{a['auto_over_keep']:.3f} |",
+                  f"| `plan --from` vs heuristic re-plan (+ migration) | {a['auto_over_heuristic_replan']:.3f} |",
+                  f"| `plan --from` switched plans / chose the policy's | {a['auto_switched']:.0%} / "
+                  f"{a['auto_chose_ppo']:.0%} of cases |",
+                  f"| `plan --from` below keeping or re-planning | {a['auto_below_keep_or_replan']:.0%} of cases |"]
     lines.append(f"\nauto over the best of ddp/gpipe/megatron on cee (geomean): "
                  f"{summary['auto_over_best_baseline_cee']:.2f}x")
     repeats = summary.get("latency_repeats", 1)

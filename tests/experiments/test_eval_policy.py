@@ -21,6 +21,10 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
         assert entry["lookahead"]["worse"] == 0.0
     assert summary["planning"]["training sizes (8-32)"]["beam"]["worse"] == 0.0
     assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
+    adapt = summary["adaptation"]
+    # `plan --from` picks the best of keeping, the policy's move and the heuristic's re-plan
+    assert adapt["auto_below_keep_or_replan"] == 0.0 and adapt["auto_over_keep"] >= 1.0
+    assert "`plan --from` vs heuristic re-plan" in (tmp_path / "eval_policy_quick.md").read_text()
     assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios.png", "policy_latency.png"}
     table = (tmp_path / "eval_policy_quick.md").read_text()
     assert table.startswith("| cases | planner |") and "median of 2 timed runs per case" in table
