@@ -44,6 +44,7 @@ from spantrain.errors import ExecutionError
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
+from spantrain.runtime.metrics import drift_message
 
 __all__ = ["launch_local", "launch_emulated", "workers_file"]
 
@@ -98,8 +99,10 @@ def _without_main_fixup() -> Iterator[None]:
 class _Progress:
     """Follows rank 0's metrics file: last completed iteration, its loss, a progress bar."""
 
-    def __init__(self, path: Path, total: int, start: int, show: bool):
+    def __init__(self, path: Path, total: int, start: int, show: bool,
+                 note: Callable[[str], None] | None = None):
         self.path = path
+        self.note = note
         self.offset = 0
         self.last_step: int | None = None
         self.last_change = time.monotonic()
@@ -126,6 +129,12 @@ class _Progress:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if rec.get("event") == "drift" and self.note is not None:
+                msg = f"spantrain run: note: {drift_message(rec)}"
+                if self.bar is not None:
+                    self.bar.write(msg, file=sys.stderr)  # above the bar, not through it
+                else:
+                    self.note(msg)
             if "step" in rec and "loss" in rec:
                 if self.bar is not None:
                     self.bar.update(rec["step"] - (self.last_step if self.last_step is not None else self.start))
@@ -179,7 +188,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
     ctx = _context()
     procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
                          name=f"spantrain-rank{r}") for r in range(world)]
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress)
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note)
     try:
         with _without_main_fixup():
             for p in procs:
@@ -280,7 +289,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
     cfg.save(config_path)
     cluster = Cluster.from_spec(cfg.cluster_spec, "cluster")
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress)
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note)
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
     stalled = False
 

@@ -12,16 +12,31 @@ neighbouring stages, ``sync_s`` time inside data-parallel collectives, and ``com
 rest of the rank's iteration (forward, backward, optimizer, framework overhead); ``cpu_s`` is
 the CPU time the rank's process used in its iteration (all its threads), and the top-level
 ``cpu_s`` their sum: unlike wall time it hardly moves when other work shares the cores.
+
+Drift: iterations that become much slower than they were at the start of the plan are
+what a changed network or device looks like from inside a run. `DriftWatch` compares
+the median of the last few iterations with the median of the first few after warm-up;
+when it reaches `DRIFT_FACTOR`, the log gets a ``{"event": "drift", ...}`` line (the
+launcher prints it as a note: re-measure, then adapt the plan with ``spantrain plan
+--from``), once, and again only if the slowdown doubles.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "summarize", "warmup_steps"]
+__all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps"]
+
+DRIFT_FACTOR = 2.0
+"""Slowdown (recent median step time / baseline median) that is reported as drift. High
+on purpose: a shared or throttled machine swings by tens of percent on its own, while a
+network change that calls for another plan slows iterations several times."""
+DRIFT_WINDOW = 5
+"""Iterations in the baseline and in the recent median."""
 
 
 def warmup_steps(n: int) -> int:
@@ -43,15 +58,52 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "warmup_steps": warmup_steps(len(records))}
 
 
+class DriftWatch:
+    """Tells when iterations have become `factor` times slower than at the start (module docstring)."""
+
+    def __init__(self, factor: float = DRIFT_FACTOR, window: int = DRIFT_WINDOW, warmup: int = 2):
+        self.factor, self.window, self.warmup = factor, window, warmup
+        self.times: list[float] = []
+        self.baseline: float | None = None
+        self._next = factor
+
+    def add(self, step_s: float) -> float | None:
+        """Record one iteration's seconds; the slowdown when it crosses the next report level, else None."""
+        self.times.append(step_s)
+        steady = self.times[self.warmup:]
+        if self.baseline is None:
+            if len(steady) >= self.window:
+                self.baseline = statistics.median(steady[:self.window])
+            return None
+        recent = statistics.median(self.times[-self.window:])
+        ratio = recent / self.baseline if self.baseline > 0 else 0.0
+        if ratio >= self._next:
+            self._next = 2 * ratio  # once per doubling, not on every slow iteration
+            return ratio
+        return None
+
+
+def drift_message(event: dict[str, Any]) -> str:
+    """What to tell the user about a ``drift`` event."""
+    return (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
+            f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was {event['baseline_step_s']:.3g} s; "
+            f"iteration {event['step']}): if links or devices changed, re-measure them (spantrain profile) and "
+            "adapt the plan (spantrain plan --from PLAN), then continue with spantrain run --resume")
+
+
 class MetricsLog:
     """Appends step records to a JSON-lines file and mirrors scalars to a `Tracker`."""
 
-    def __init__(self, path: str | Path, tracker: Any | None = None):
+    def __init__(self, path: str | Path, tracker: Any | None = None,
+                 announce: Callable[[str], None] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")  # noqa: SIM115 -- appended to for the whole run, closed by close()
         self.tracker = tracker
         self.records: list[dict[str, Any]] = []
+        self.drift = DriftWatch()
+        self.announce = announce
+        """Called with `drift_message` on drift (torchrun's rank 0; local runs' launcher reads the event)."""
 
     def event(self, name: str, **fields: Any) -> None:
         """A non-iteration line: start, checkpoint, end."""
@@ -61,6 +113,15 @@ class MetricsLog:
         """One iteration's record (see the module docstring)."""
         self.records.append(record)
         self._write(record)
+        slowdown = self.drift.add(record["step_s"])
+        if slowdown is not None:
+            event = {"step": record["step"], "slowdown": slowdown, "baseline_step_s": self.drift.baseline,
+                     "recent_step_s": slowdown * self.drift.baseline}
+            self.event("drift", **event)
+            if self.tracker is not None:
+                self.tracker.log({"drift_slowdown": slowdown}, step=record["step"])
+            if self.announce is not None:
+                self.announce(drift_message(event))
         if self.tracker is not None:
             scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s") if k in record}
             for r in record.get("ranks", []):

@@ -125,7 +125,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
                                       "seed": seed, **dataclasses.asdict(cfg.optim)})
-            metrics = MetricsLog(cfg.metrics_path, tracker)
+            # local runs: the launcher reads the drift event from the log and tells the user
+            announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
+            metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce)
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
                           zb_order=runner.order_source,
                           devices={r: role.device for r, role in sorted(layout.roles.items())})

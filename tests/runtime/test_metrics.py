@@ -1,0 +1,54 @@
+"""Per-step metrics: the summary and the drift watch that tells a run its network may have changed."""
+
+from __future__ import annotations
+
+import json
+
+from spantrain.runtime.launcher import _Progress
+from spantrain.runtime.metrics import DRIFT_FACTOR, DriftWatch, MetricsLog, summarize
+
+
+def _record(step: int, step_s: float) -> dict:
+    return {"step": step, "step_s": step_s, "samples": 8, "samples_per_s": 8 / step_s, "loss": 1.0, "cpu_s": step_s}
+
+
+def test_steady_iterations_are_no_drift_and_swings_below_the_factor_neither():
+    watch = DriftWatch()
+    times = [3.0, 2.0] + [1.0, 1.2, 0.9, 1.1, 1.0] * 8 + [1.9] * 20  # warm-up, baseline 1.0, then 1.9x
+    assert all(watch.add(t) is None for t in times)
+    assert watch.baseline == 1.0
+
+
+def test_drift_is_reported_once_the_recent_median_doubles_and_again_only_at_the_next_doubling():
+    watch = DriftWatch()
+    reports = [(i, r) for i, t in enumerate([5.0, 5.0] + [1.0] * 10 + [3.0] * 10 + [7.0] * 10)
+               if (r := watch.add(t)) is not None]
+    # the median of the last 5 turns slow on the 3rd slow iteration (index 14), and 7/1 >= 2 x 3 at index 24
+    assert [i for i, _ in reports] == [14, 24]
+    assert reports[0][1] == 3.0 >= DRIFT_FACTOR and reports[1][1] == 7.0
+
+
+def test_metrics_log_writes_the_drift_event_and_announces_it(tmp_path):
+    heard = []
+    log = MetricsLog(tmp_path / "m.jsonl", announce=heard.append)
+    for k, t in enumerate([1.0] * 7 + [4.0] * 3):
+        log.step(_record(k + 1, t))
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    drift = [x for x in lines if x.get("event") == "drift"]
+    assert len(drift) == 1 and drift[0]["step"] == 10 and drift[0]["slowdown"] == 4.0
+    assert len(heard) == 1 and "4.0x slower" in heard[0] and "spantrain plan --from" in heard[0]
+    assert summarize(log.records)["steps"] == 10  # events are not iterations
+
+
+def test_launcher_progress_turns_the_drift_event_into_a_note(tmp_path):
+    path = tmp_path / "m.jsonl"
+    notes = []
+    watcher = _Progress(path, total=20, start=0, show=False, note=notes.append)
+    log = MetricsLog(path)
+    for k, t in enumerate([1.0] * 7 + [4.0] * 3):
+        log.step(_record(k + 1, t))
+    log.close()
+    watcher.poll()
+    assert watcher.last_step == 10
+    assert len(notes) == 1 and notes[0].startswith("spantrain run: note: iterations are 4.0x slower")
