@@ -49,7 +49,8 @@ class Option:
     iteration_s: float
     """Predicted seconds per iteration on the cluster as it is now (inf: does not fit)."""
     migration_s: float
-    """Seconds to move state to the devices that need it (0 for ``keep``)."""
+    """Seconds to move state to the devices that need it (0 for ``keep``, and 0 when a
+    device left: the state then comes from the checkpoint, not modelled)."""
     total_s: float
     """remaining steps x `iteration_s` + `migration_s` (`iteration_s` alone when a device left)."""
 
