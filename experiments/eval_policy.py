@@ -25,6 +25,8 @@ size; `beam`, a beam search over the same moves (`--beam-width` plans a level, a
 as an episode, passing through worse plans) at training sizes (8-32 devices; at 64 and
 more its hundreds of thousands of cost-model calls take minutes a case). What they
 cannot find within an episode's moves, a policy over those moves cannot reach either.
+`anneal` (with `--anneal-steps`), simulated annealing over the same moves with no
+episode limit, at training sizes: a wider bound still.
 
 Sample efficiency comes from the policy file's training curve. Writes plots and a
 markdown table under experiments/results/, logs to W&B (offline by default).
@@ -49,7 +51,7 @@ from spantrain.experiments.plotting import save_figure
 from spantrain.policies.adapt import adapt_plan
 from spantrain.policies.compare import run_planner
 from spantrain.policies.heuristic import HeuristicPlanner
-from spantrain.policies.imitation import beam_search, expert_rollout
+from spantrain.policies.imitation import anneal, beam_search, expert_rollout
 from spantrain.policies.ppo import PPOPlanner, load_policy
 from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
@@ -61,7 +63,7 @@ MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
 TRAIN_SIZES = (8, 16, 24, 32)
 BEYOND_SIZES = (64, 128)
 BASELINES = ("ddp", "gpipe", "megatron")
-PLANNERS = ("ppo", "auto", "ppo-alone", "lookahead", "beam", "ga", *BASELINES)
+PLANNERS = ("ppo", "auto", "ppo-alone", "lookahead", "beam", "anneal", "ga", *BASELINES)
 """Rows of the planning table, in order (headroom searches and baselines included)."""
 BEAM_MAX_DEVICES = 32
 """Largest cluster the beam search runs on (its cost grows with devices squared)."""
@@ -103,7 +105,7 @@ def _timed(name: str, cluster, workload, repeats: int, **options):
 
 
 def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool,
-               latency_repeats: int = 1) -> list[dict]:
+               latency_repeats: int = 1, anneal_steps: int = 0) -> list[dict]:
     from tqdm import tqdm
 
     net, _, _ = load_policy(policy)
@@ -122,6 +124,8 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: 
             searches = {"lookahead": expert_rollout}
             if beam_width and n <= BEAM_MAX_DEVICES:
                 searches["beam"] = lambda env: beam_search(env, beam_width)
+            if anneal_steps and n <= BEAM_MAX_DEVICES:
+                searches["anneal"] = lambda env, s=seed: anneal(env, anneal_steps, seed=s)
             row.update(_headroom(cluster, workload, searches))
         # the policy by itself, from a planner-free start
         t0 = time.perf_counter()
@@ -349,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ga-budget-s", type=float, default=2.0, help="ga time budget per case (default 2 s)")
     p.add_argument("--beam-width", type=int, default=8,
                    help="plans per level of the headroom beam search (default 8; 0: skip it)")
+    p.add_argument("--anneal-steps", type=int, default=0,
+                   help="moves per chain of a headroom simulated annealing (4 chains) at training sizes "
+                        "(default 0: skip it; 10000 takes ~15 min more on one core)")
     p.add_argument("--latency-repeats", type=int, default=3,
                    help="timed runs of heuristic, ppo and auto per case; their plan time is the median "
                         "(default 3)")
@@ -358,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.beam_width < 0:
         print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
+        return 2
+    if args.anneal_steps < 0:
+        print(f"eval_policy: error: --anneal-steps must be >= 0, got {args.anneal_steps}", file=sys.stderr)
         return 2
     if args.latency_repeats < 1:
         print(f"eval_policy: error: --latency-repeats must be >= 1, got {args.latency_repeats}", file=sys.stderr)
@@ -371,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats)
+    rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats,
+                      args.anneal_steps)
     adapt = adaptation_cases(args.policy, args.quick, progress)
     summary = summarize(rows, adapt)
     summary["latency_repeats"] = args.latency_repeats

@@ -29,7 +29,8 @@ from spantrain.env.evaluator import Candidate
 from spantrain.env.moves import canonical
 from spantrain.env.plan_env import PlanEnv
 
-__all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "beam_search", "collect", "clone"]
+__all__ = ["MIN_GAIN", "ImitationStats", "expert_action", "expert_rollout", "beam_search", "anneal", "collect",
+           "clone"]
 
 MIN_GAIN = 1e-3
 """Relative gain in effective throughput below which the expert stops."""
@@ -99,6 +100,39 @@ def beam_search(env: PlanEnv, width: int = 8, depth: int | None = None) -> Candi
         level = [c for _, _, c in children[:width]]
         if children[0][0] > env._effective(best):
             best = level[0]
+    return best
+
+
+def anneal(env: PlanEnv, steps: int, chains: int = 4, *, t_start: float = 0.3, t_end: float = 3e-4,
+           seed: int = 0) -> Candidate:
+    """The fastest plan simulated annealing finds from the current one: `chains` walks of
+    `steps` uniformly drawn valid moves each, a move to a plan of time t' from one of
+    time t accepted with probability min(1, (t / t')^(1 / T)), T cooling geometrically
+    from `t_start` to `t_end`. Unlike the beam it is not bounded by an episode's length
+    and escapes local optima by design; a wider bound on what these moves can reach.
+    Judged by iteration time (it serves planning from scratch, where nothing migrates)."""
+    if steps < 1 or chains < 1:
+        raise ValueError(f"anneal: steps and chains must be >= 1, got {steps} and {chains}")
+    rng = np.random.default_rng(seed)
+    stop = env.actions.stop
+    start = best = env.current
+    for _ in range(chains):
+        cur = start
+        for k in range(steps):
+            temp = t_start * (t_end / t_start) ** (k / steps)
+            mask = env.valid_action_mask(cur)
+            mask[stop] = False
+            moves = np.flatnonzero(mask)
+            if len(moves) == 0:
+                break
+            cand = env.scenario.evaluator.balance(*env.moved(cur, int(rng.choice(moves))))
+            if not cand.feasible:
+                continue
+            gain = math.log(cur.time / cand.time)
+            if gain >= 0 or rng.random() < math.exp(gain / temp):
+                cur = cand
+                if cur.time < best.time:
+                    best = cur
     return best
 
 

@@ -10,7 +10,7 @@ from spantrain.experiments import eval_policy
 @pytest.mark.slow
 def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     code = eval_policy.main(["--quick", "--json", "--no-track", "--no-progress", "--ga-budget-s", "0.2",
-                             "--latency-repeats", "2", "--out", str(tmp_path)])
+                             "--latency-repeats", "2", "--anneal-steps", "30", "--out", str(tmp_path)])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["planning"], summary
@@ -20,6 +20,8 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
         # the headroom searches start from the heuristic's plan and keep the best they visit
         assert entry["lookahead"]["worse"] == 0.0
     assert summary["planning"]["training sizes (8-32)"]["beam"]["worse"] == 0.0
+    assert summary["planning"]["training sizes (8-32)"]["anneal"]["worse"] == 0.0
+    assert "anneal" not in summary["planning"]["64 devices"]
     assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
     adapt = summary["adaptation"]
     # `plan --from` picks the best of keeping, the policy's move and the heuristic's re-plan
@@ -37,7 +39,8 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag,value,error", [("--beam-width", "-1", "--beam-width must be >= 0, got -1"),
-                                              ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0")])
+                                              ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0"),
+                                              ("--anneal-steps", "-5", "--anneal-steps must be >= 0, got -5")])
 def test_bad_option_is_a_one_line_error(tmp_path, capsys, flag, value, error):
     assert eval_policy.main([flag, value, "--out", str(tmp_path / "out"), "--no-track"]) == 2
     err = capsys.readouterr().err.strip()

@@ -13,6 +13,7 @@ from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, simple_start
 from spantrain.policies.imitation import (
     MIN_GAIN,
     _train,
+    anneal,
     beam_search,
     clone,
     collect,
@@ -107,3 +108,18 @@ def test_beam_search_reaches_at_least_the_lookahead_experts_plan():
     assert env._effective(wide) >= env._effective(narrow) * (1 - 1e-9)
     with pytest.raises(ValueError, match="width"):
         beam_search(env, width=0)
+
+
+def test_anneal_climbs_from_a_poor_plan_deterministically_and_never_returns_worse():
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=2))
+    env.load(_scenario())
+    start = env.current
+    found = anneal(env, 300, chains=2, seed=1)
+    assert env.current is start  # a search, not a walk
+    assert found.feasible and found.time < start.time / 2  # a planner-free start leaves a lot to gain
+    assert anneal(env, 300, chains=2, seed=1).time == found.time  # seeded
+    # hot walks accept worse plans, but the best one visited is returned: never worse than the start
+    hot = anneal(env, 50, chains=1, t_start=5.0, t_end=5.0, seed=2)
+    assert hot.time <= start.time
+    with pytest.raises(ValueError, match="steps and chains"):
+        anneal(env, 0)
