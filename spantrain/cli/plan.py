@@ -113,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
             out["adaptation"] = adaptation.to_dict()
         print_json(out)
         return 0
+    label = args.planner
     if adaptation is not None:
         _print_adaptation(adaptation, args.output)
-    _print_human(cluster, workload, plan, est, model, args.planner, plan_s, args.output)
+        label = adaptation.chosen  # "keep plan for ...", "heuristic plan for ..."
+    _print_human(cluster, workload, plan, est, model, label, plan_s, args.output)
     return 0
 
 
