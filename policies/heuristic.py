@@ -28,6 +28,9 @@
    consider the most promising unused units per round (fastest, best connected).
 4. **Refine** the best few layouts device by device: drop a pipeline or a device, or
    (small layouts) move a run of 1-3 devices elsewhere in its pipeline, while it helps.
+   Besides the best few layouts, the fastest device that holds the whole model is
+   refined and tuned alone: units enter a plan whole, so where a unit's own links are
+   slow, neither its pipelines nor its data parallelism beat one of its devices.
 5. **Tune** their knobs: every schedule (gpipe, 1f1b, zb-h1, zb-h2), micro-batch sizes
    1, 2, 4, 8 (upward while they help), sync allreduce or hierarchical (local SGD only
    with `allow_local_sgd=True`, since it changes training semantics), re-balancing the
@@ -158,6 +161,9 @@ class HeuristicPlanner:
         """One structure search, refinement and tuning: (best, best with a zero-bubble
         schedule, the structure the best came from)."""
         top = search.run(knobs, start)
+        alone = search.fastest_alone(knobs)
+        if alone is not None and alone.layout not in {c.layout for c in top}:
+            top = [*top, alone]
         best: Candidate | None = None
         best_zb: Candidate | None = None
         origin: Structure | None = None
@@ -412,6 +418,22 @@ class _ChainSearch:
                 self._structure_of.setdefault(layout, structure)
             self._scores[key] = hit
         return hit
+
+    def fastest_alone(self, knobs: Knobs) -> Candidate | None:
+        """The fastest device that holds the whole model, alone (None when none does). The
+        structure search deals out whole units, so a unit whose own links are slow enters
+        a plan with all its devices or not at all; one device of it, alone, can beat both."""
+        cluster = self.ev.cluster
+        mem = cluster.memory_bytes
+        too_small = 0.0  # a device with no more memory than one that did not hold it does not either
+        for d in sorted(range(len(cluster)), key=lambda d: (-cluster.tflops[d], -mem[d], d)):
+            if mem[d] <= too_small:
+                continue
+            cand = self.ev.balance(((d,),), knobs, refit=0, moves=0)
+            if cand.feasible:
+                return cand
+            too_small = max(too_small, float(mem[d]))
+        return None
 
     def structure_of(self, cand: Candidate) -> Structure | None:
         """The structure a candidate's layout was built from (None after refinement changed it)."""

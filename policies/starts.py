@@ -27,7 +27,7 @@ __all__ = ["HeuristicStarts", "default_cache_dir"]
 
 # bump when the heuristic's plans change (v2: long pipelines reordered; v3: and trimmed;
 # v4: a zero-bubble second pass when no zero-bubble plan fit)
-_VERSION = "heuristic-v4"
+_VERSION = "heuristic-v5"
 
 
 def default_cache_dir() -> Path:

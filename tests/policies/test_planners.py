@@ -53,6 +53,17 @@ def test_heuristic_beats_ddp_across_a_slow_link(slow_link_cluster):
     assert len(regions) == 1 or all(len(r) == 1 for r in layers_per_region.values())
 
 
+def test_heuristic_finds_one_fast_device_when_its_units_links_are_slow():
+    # five A100s on a 1 Gbit/s LAN, six T4s on 21.5 Gbit/s: every plan with all the A100s
+    # (pipelined or data-parallel) loses to the T4 pipeline, but one A100 alone beats it
+    cluster = region_cluster({"cloud": (5, 140, 40, 1.0), "edge": (6, 20, 16, 21.5)}, 0.4, name="slow-cloud-lan")
+    workload = Workload.from_preset("gpt2-medium")
+    h = run_planner("heuristic", cluster, workload)
+    t4s = run_planner("heuristic", cluster.subset([f"edge-{i}" for i in range(6)]), workload)
+    assert h.plan.devices == ["cloud-0"]
+    assert h.iteration_s < 0.8 * t4s.iteration_s  # the best the T4s do alone: their 6-stage pipeline
+
+
 def test_heuristic_ties_ddp_on_a_uniform_fast_cluster(uniform_cluster):
     # a small model and a big batch: gradients hide behind backward, pipelines only add bubbles
     workload = Workload.from_preset("gpt2-small", global_batch=256)
