@@ -19,14 +19,24 @@ step "4. Simulate the plan and draw its timeline"
 spantrain simulate --cluster "$OUT/cluster.yaml" --model gpt2-medium --plan "$OUT/plan.json" \
   --timeline "$OUT/timeline.png"
 
-step "5. Every planner side by side"
+step "5. The cloud region's network degrades (150 -> 1 Gbit/s): adapt the running plan to it"
+python - "$OUT/cluster.yaml" "$OUT/cluster-degraded.yaml" <<'EOF'
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+spec["network"]["regions"]["cloud-0"]["gbps"] = 1
+yaml.safe_dump(spec, open(sys.argv[2], "w"), sort_keys=False)
+EOF
+spantrain plan --cluster "$OUT/cluster-degraded.yaml" --model gpt2-medium --from "$OUT/plan.json" \
+  --remaining-steps 2000 -o "$OUT/plan-adapted.json"
+
+step "6. Every planner side by side"
 spantrain compare --cluster "$OUT/cluster.yaml" --model gpt2-medium --planners ddp,gpipe,megatron,heuristic,auto
 
-step "6. Train tiny-gpt for real on the DESIGN.md cluster (one process per planned device)"
+step "7. Train tiny-gpt for real on the DESIGN.md cluster (one process per planned device)"
 spantrain run --cluster examples/cee-demo.yaml --model tiny-gpt --planner heuristic --steps 20 \
   --checkpoint-dir "$OUT/ckpt" --run-dir "$OUT/run"
 
-step "7. Train the scheduling policy for about a minute (the shipped one: see README, 'The learned planner')"
+step "8. Train the scheduling policy for about a minute (the shipped one: see README, 'The learned planner')"
 spantrain train-policy --timesteps 2048 --pool-size 16 --eval-every 1024 --eval-scenarios 4 \
   --imitation-episodes 8 --imitation-rounds 2 --out-dir "$OUT/policy"
 
