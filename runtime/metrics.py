@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,19 +64,22 @@ class DriftWatch:
 
     def __init__(self, factor: float = DRIFT_FACTOR, window: int = DRIFT_WINDOW, warmup: int = 2):
         self.factor, self.window, self.warmup = factor, window, warmup
-        self.times: list[float] = []
         self.baseline: float | None = None
+        self._seen = 0
+        self._recent: deque[float] = deque(maxlen=window)  # a long run keeps only these
         self._next = factor
 
     def add(self, step_s: float) -> float | None:
         """Record one iteration's seconds; the slowdown when it crosses the next report level, else None."""
-        self.times.append(step_s)
-        steady = self.times[self.warmup:]
-        if self.baseline is None:
-            if len(steady) >= self.window:
-                self.baseline = statistics.median(steady[:self.window])
+        self._seen += 1
+        if self._seen <= self.warmup:
             return None
-        recent = statistics.median(self.times[-self.window:])
+        self._recent.append(step_s)
+        if self.baseline is None:
+            if len(self._recent) == self.window:
+                self.baseline = statistics.median(self._recent)
+            return None
+        recent = statistics.median(self._recent)
         ratio = recent / self.baseline if self.baseline > 0 else 0.0
         if ratio >= self._next:
             self._next = 2 * ratio  # once per doubling, not on every slow iteration
