@@ -179,6 +179,8 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
                           horizon=env.config.horizon)
         ppo_s = time.perf_counter() - t0
         looked = expert_rollout(env)
+        # what users run, end to end from the plan file (it re-plans and re-runs the policy
+        # itself, and scores keeping the plan with its own layer ranges, not re-partitioned)
         deployed = adapt_plan(changed, workload, ev.to_plan(running), remaining_steps=env.config.horizon,
                               policy=policy)
         chosen = deployed.option(deployed.chosen)

@@ -107,6 +107,7 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
     option while every device of `running` is still there. `planner_options` go to the
     planner (``policy=FILE`` for ppo/auto)."""
     from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers
+    from spantrain.policies.heuristic import HeuristicPlanner
     from spantrain.policies.registry import get_planner
 
     if isinstance(remaining_steps, bool) or not isinstance(remaining_steps, int) or remaining_steps < 1:
@@ -117,11 +118,12 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
                         f"{workload.global_batch} (pass --global-batch {running.batch})")
     if problems:
         raise PlanError(problems)
-    get_planner(planner, **planner_options)  # unknown names and options fail before any work
+    named = get_planner(planner, **planner_options)  # unknown names and options fail before any work
+    ppo = named.ppo if planner == "auto" else named if planner == "ppo" else None
+    fresh_planner = HeuristicPlanner() if planner == "auto" else named
     missing = tuple(d for d in running.devices if d not in cluster)
     ev = Evaluator(cluster, workload)
     H = remaining_steps
-    options: list[Option] = []
     found: dict[str, Candidate] = {}
     env = None
     if not missing:
@@ -130,16 +132,11 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         env.load(Scenario(key=("running",), cluster=cluster, workload=workload, evaluator=ev, start=keep,
                           running=held_layers(keep, workload.num_layers)))
         found["keep"] = keep
-        if planner in ("ppo", "auto"):
-            from spantrain.policies.ppo import PPOPlanner
-
-            ppo = PPOPlanner(**planner_options)
-            if planner == "ppo" or _loads(ppo):
-                found["ppo"] = ppo.improve(env.scenario, horizon=H)
-    fresh = "heuristic" if planner == "auto" else planner
-    if fresh != "ppo" or missing:
-        made = get_planner(fresh, **({} if planner == "auto" else planner_options)).plan(cluster, workload)
-        found[fresh] = candidate_from_plan(ev, made)
+        if ppo is not None and (planner == "ppo" or _loads(ppo)):
+            found["ppo"] = ppo.improve(env.scenario, horizon=H)
+    if fresh_planner.name != "ppo" or missing:
+        found[fresh_planner.name] = candidate_from_plan(ev, fresh_planner.plan(cluster, workload))
+    options = []
     for name, cand in found.items():
         migration = 0.0 if env is None or name == "keep" else env.migration_s(cand)
         total = cand.time if missing else H * cand.time + migration
