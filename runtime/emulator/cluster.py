@@ -30,7 +30,7 @@ import numpy as np
 
 from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
-from spantrain.runtime.emulator import cpu, netns, shaping, state
+from spantrain.runtime.emulator import cpu, netns, shaping, state, system
 from spantrain.runtime.emulator.latency import ENV_VAR, Emulation
 from spantrain.runtime.emulator.launch import DeviceProcess, DeviceResult, stop_all, wait_all
 
@@ -137,13 +137,40 @@ class EmulatedCluster:
                      "`spantrain emulate --cleanup` retries")
         return problems
 
+    def reshape(self, cluster: Cluster) -> bool:
+        """Apply `cluster`'s bandwidths to the running emulation (the network changed under a live run).
+
+        `cluster` must hold every emulated device (it may hold more). Under namespaces the
+        shapers are replaced in place and traffic already flowing sees the new rates at once;
+        True. Latency, which the transport reads when it starts, and bandwidth in the local
+        fallback (also the transport's) change only for commands started after a new set-up;
+        False then, and nothing is touched.
+        """
+        if self.names is None or self.emulation is None:
+            raise EmulationError("the emulated cluster is not set up (use it in a `with` block)")
+        missing = [d.id for d in self.cluster.devices if d.id not in cluster]
+        if missing:
+            raise EmulationError(f"cannot reshape: the new cluster has no device {', '.join(missing)}")
+        if self.mode != "netns":
+            return False
+        now = cluster.subset([d.id for d in self.cluster.devices])
+        for k in range(len(now)):
+            ns = self.names.device_ns(k)
+            classes = shaping.device_classes(now, k, self._addresses, self.limits)
+            system.run(["tc", "-n", ns, "qdisc", "del", "dev", netns.IFNAME, "root"])
+            netns.set_gso(ns, shaping.gso_bytes(classes, self.limits.max_gbps))
+            shaping.apply_shaping(ns, netns.IFNAME, classes, self.limits.max_gbps)
+        self.cluster = now
+        return True
+
     # ---- running -------------------------------------------------------------------------------
 
     def run(self, command: Sequence[str], *, timeout_s: float | None = None, echo: bool = True,
             log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
-            stop_when: Callable[[], bool] | None = None) -> list[DeviceResult]:
+            stop_when: Callable[[], bool | float] | None = None) -> list[DeviceResult]:
         """Run `command` once per device (rank order) and wait for all; the first failure stops the rest,
-        and so does `stop_when()` returning true (polled while they run)."""
+        and so does `stop_when()` returning true or a grace in seconds (polled while they run; see
+        `wait_all`)."""
         if self.names is None or self.emulation is None:
             raise EmulationError("the emulated cluster is not set up (use it in a `with` block)")
         if not command:

@@ -23,7 +23,7 @@ from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
 from spantrain.runtime.emulator.system import have_tools, run
 
-__all__ = ["IFNAME", "BRIDGE", "NET_PREFIX", "NETNS_ETC", "unavailable_reason", "addresses", "region_subnet",
+__all__ = ["IFNAME", "BRIDGE", "NET_PREFIX", "NETNS_ETC", "unavailable_reason", "addresses", "set_gso", "region_subnet",
            "list_namespaces", "create_hub", "add_device", "write_hosts", "namespace_pids", "delete_namespace"]
 
 IFNAME = "spt0"
@@ -101,10 +101,15 @@ def add_device(hub: str, ns: str, hub_if: str, address: str, gso_bytes: int = 65
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
     run(["ip", "-n", hub, "link", "add", hub_if, "type", "veth", "peer", "name", IFNAME, "netns", ns])
     run(["ip", "-n", hub, "link", "set", hub_if, "master", BRIDGE, "up"])
-    segs = max(1, gso_bytes // 1514)
-    run(["ip", "-n", ns, "link", "set", IFNAME, "gso_max_size", str(gso_bytes), "gso_max_segs", str(segs)])
+    set_gso(ns, gso_bytes)
     run(["ip", "-n", ns, "addr", "add", f"{address}/16", "dev", IFNAME])
     run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
+
+
+def set_gso(ns: str, gso_bytes: int) -> None:
+    """Cap the packets TCP hands namespace `ns`'s interface at `gso_bytes` (see `shaping.gso_bytes`)."""
+    run(["ip", "-n", ns, "link", "set", IFNAME, "gso_max_size", str(gso_bytes),
+         "gso_max_segs", str(max(1, gso_bytes // 1514))])
 
 
 def write_hosts(ns: str, hosts: Sequence[tuple[str, str]]) -> None:

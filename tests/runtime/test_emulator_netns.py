@@ -16,6 +16,7 @@ import pytest
 from runtime_helpers import default_sigint
 
 from spantrain.cluster import Cluster
+from spantrain.errors import EmulationError
 from spantrain.runtime.emulator import EmulatedCluster, netns
 from spantrain.runtime.emulator.cpu import CGROUP_CPU
 
@@ -114,6 +115,65 @@ def test_links_are_shaped_to_the_spec_and_everything_is_removed():
     for flow, (mbps, target) in measured.items():
         assert abs(mbps / target - 1) < 0.15, f"{flow}: {mbps:.2f} Mbit/s, spec {target} Mbit/s"
     assert _leftovers(run_id) == []
+
+
+# Rank 1 sends to rank 0 for a second, says so, waits for the go, sends for another second;
+# rank 0 prints the Mbit/s of each of the two transfers.
+TWO_PHASES = """
+import json, os, socket, sys, time
+from pathlib import Path
+rank, here = int(os.environ["RANK"]), Path(sys.argv[1])
+addr = json.load(open(os.environ["SPANTRAIN_EMULATION"]))["devices"][0]["address"]
+if rank == 0:
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 5001)); s.listen(2); rates = []
+    for _ in range(2):
+        c, _ = s.accept(); n = 0; t0 = None
+        while True:
+            b = c.recv(1 << 16)
+            if not b: break
+            t0 = t0 or time.perf_counter(); n += len(b)
+        rates.append(n * 8 / (time.perf_counter() - t0) / 1e6)
+    print(json.dumps(rates))
+else:
+    for phase in range(2):
+        while phase and not (here / "go").exists(): time.sleep(0.01)
+        for _ in range(200):
+            try:
+                c = socket.create_connection((addr, 5001)); break
+            except OSError:
+                time.sleep(0.05)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1.0: c.sendall(b"x" * 16384)
+        c.close()
+        (here / "sent").touch()
+"""
+
+
+@pytest.mark.slow
+def test_reshape_changes_the_rates_of_a_live_run(tmp_path):
+    spec = {"name": "two", "devices": [{"id": "a-0", "region": "ra", "tflops": 10, "memory_gb": 4},
+                                       {"id": "b-0", "region": "rb", "tflops": 10, "memory_gb": 4}],
+            "network": {"regions": {"ra": {"gbps": 1, "latency_ms": 0}, "rb": {"gbps": 1, "latency_ms": 0}},
+                        "default": {"gbps": 0.04, "latency_ms": 0}}}
+    slower = json.loads(json.dumps(spec))
+    slower["network"]["default"]["gbps"] = 0.008
+    tmp_path.chmod(0o777)
+
+    def between_phases() -> bool:
+        if (tmp_path / "sent").exists() and not (tmp_path / "go").exists():
+            assert emu.reshape(Cluster.from_spec(slower)) is True
+            (tmp_path / "go").touch()
+        return False
+
+    with EmulatedCluster(Cluster.from_spec(spec)) as emu:
+        results = emu.run([sys.executable, "-c", TWO_PHASES, str(tmp_path)], echo=False, timeout_s=60,
+                          stop_when=between_phases)
+        with pytest.raises(EmulationError, match="no device b-0"):
+            emu.reshape(Cluster.from_spec({**spec, "devices": spec["devices"][:1]}))
+    assert all(r.ok for r in results), [r.stderr for r in results]
+    before, after = json.loads(results[0].stdout)
+    assert abs(before / 40 - 1) < 0.15 and abs(after / 8 - 1) < 0.15, f"{before:.1f} then {after:.1f} Mbit/s"
 
 
 def test_cpu_quota_slows_a_loop_in_proportion(tmp_path):
