@@ -63,6 +63,8 @@ class RunConfig:
     zb_order_source: str | None = None
     threads: int | None = None
     """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
+    adaptation: dict[str, Any] | None = None
+    """``--adapt``: the decision that started this plan (rank 0 logs it to W&B), None for the first."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

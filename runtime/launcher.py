@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from spantrain.errors import ExecutionError
+from spantrain.runtime.adapter import Adapter, StopTimedOut
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
@@ -100,10 +101,12 @@ class _Progress:
     """Follows rank 0's metrics file: last completed iteration, its loss, a progress bar."""
 
     def __init__(self, path: Path, total: int, start: int, show: bool,
-                 note: Callable[[str], None] | None = None):
+                 note: Callable[[str], None] | None = None, adapter: Adapter | None = None):
         self.path = path
         self.note = note
-        self.offset = 0
+        self.cluster_file = str(adapter.cluster_file.path) if adapter is not None else None
+        # A resumed or re-planned run appends to the same file: only this launch's lines count.
+        self.offset = path.stat().st_size if path.exists() else 0
         self.last_step: int | None = None
         self.last_change = time.monotonic()
         self.bar = None
@@ -130,7 +133,7 @@ class _Progress:
             except json.JSONDecodeError:
                 continue
             if rec.get("event") == "drift" and self.note is not None:
-                msg = f"spantrain run: note: {drift_message(rec)}"
+                msg = f"spantrain run: note: {drift_message(rec, self.cluster_file)}"
                 if self.bar is not None:
                     self.bar.write(msg, file=sys.stderr)  # above the bar, not through it
                 else:
@@ -177,8 +180,12 @@ def _stop_all(procs: list, grace: float) -> None:
 
 
 def launch_local(cfg: RunConfig, *, progress: bool = False,
-                 note: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
-    """Run `cfg` with one local process per plan device; the result of rank 0, or `ExecutionError`."""
+                 note: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                 adapter: Adapter | None = None) -> dict[str, Any]:
+    """Run `cfg` with one local process per plan device; the result of rank 0, or `ExecutionError`.
+
+    `adapter`: checked while the workers train; when it decides to switch plans the workers
+    finish the iteration, checkpoint and exit, and the result says ``stopped_early``."""
     cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
     world = len(devices)
     store = run_dir / "rendezvous"
@@ -188,7 +195,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
     ctx = _context()
     procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
                          name=f"spantrain-rank{r}") for r in range(world)]
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note)
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
     try:
         with _without_main_fixup():
             for p in procs:
@@ -196,7 +203,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
         workers_file(run_dir).write_text(json.dumps(
             {"launcher": os.getpid(), "workers": [{"rank": r, "device": d, "pid": p.pid}
                                                   for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")
-        failure = _supervise(procs, watcher, cfg)
+        failure = _supervise(procs, watcher, cfg, adapter)
     except KeyboardInterrupt:
         note("spantrain run: stopping after the current iteration (checkpointing if configured); "
              "Ctrl-C again to kill")
@@ -271,12 +278,15 @@ def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
 
 
 def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "auto", progress: bool = False,
-                    note: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+                    note: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                    adapter: Adapter | None = None) -> dict[str, Any]:
     """Run `cfg` on the local emulated cluster, one worker per plan device; the result of rank 0.
 
     `cpus`: cores the *whole* cluster's devices share in proportion to their TFLOP/s (default
     all), so each device gets the quota it has in ``spantrain profile --cluster`` with the
     same `cpus`, whichever devices the plan uses. `mode`: the emulator's (auto, netns, local).
+    `adapter`: as in `launch_local`; a new cluster file is also a new emulated network (the
+    links are reshaped at once under namespaces).
     """
     from spantrain.cluster import Cluster
     from spantrain.errors import EmulationError
@@ -289,13 +299,25 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
     cfg.save(config_path)
     cluster = Cluster.from_spec(cfg.cluster_spec, "cluster")
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note)
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
-    stalled = False
+    stalled = switching = False
 
-    def stop_when() -> bool:
-        nonlocal stalled
+    def reshape(new: Cluster) -> None:
+        try:
+            live = emu.reshape(new)
+        except EmulationError as e:
+            note(f"emulator: cannot apply the new cluster file to the running devices ({e})")
+            return
+        note("emulator: links reshaped to the new cluster file" if live else
+             "emulator: the new links apply from the next launch (no kernel shaping in local mode)")
+
+    def stop_when() -> bool | float:
+        nonlocal stalled, switching
         watcher.poll()
+        if adapter is not None and watcher.last_step is not None and adapter.check(watcher.last_step, reshape):
+            switching = True
+            return _STOP_GRACE_S  # SIGTERM: finish the iteration, checkpoint, exit
         stalled = time.monotonic() - watcher.last_change > stall_limit
         return stalled
 
@@ -314,6 +336,9 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
         raise _failure_error(cfg, devices, None, f"completed no iteration for {stall_limit:.0f} s "
                              "(stalled; see --timeout)", watcher.last_step)
     failed = [r for r in results if not r.ok]
+    if failed and switching and all(r.stopped for r in failed):
+        raise StopTimedOut(f"the workers did not finish their iteration within {_STOP_GRACE_S:.0f} s of the "
+                           "request to stop for a plan switch")
     if failed:
         raise _failure_error(cfg, devices, *_blame_emulated(results, cfg), watcher.last_step)
     return _result(run_dir)
@@ -367,12 +392,26 @@ def _blame(procs: list, failed: list[int], cfg: RunConfig) -> tuple[int, str]:
     return rank, how
 
 
-def _supervise(procs: list, watcher: _Progress, cfg: RunConfig) -> tuple[int | None, str] | None:
+def _supervise(procs: list, watcher: _Progress, cfg: RunConfig,
+               adapter: Adapter | None = None) -> tuple[int | None, str] | None:
     """Wait for the workers; None when all succeeded, else (rank to blame or None for all, what happened)."""
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
+    stopping: float | None = None
     while True:
         wait_sentinels([p.sentinel for p in procs if p.exitcode is None], timeout=_POLL_S)
         watcher.poll()
+        # Only once an iteration is done: by then every worker has its SIGTERM handler.
+        if adapter is not None and stopping is None and watcher.last_step is not None \
+                and adapter.check(watcher.last_step):
+            stopping = time.monotonic()  # they finish the iteration together, checkpoint, and exit 0
+            for p in procs:
+                if p.exitcode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGTERM)
+        if stopping is not None and time.monotonic() - stopping >= _STOP_GRACE_S:
+            _stop_all(procs, 0.0)  # they had their grace: SIGKILL
+            raise StopTimedOut(f"the workers did not finish their iteration within {_STOP_GRACE_S:.0f} s of the "
+                               "request to stop for a plan switch")
         failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if failed:
             return _blame(procs, failed, cfg)

@@ -87,12 +87,16 @@ class DriftWatch:
         return None
 
 
-def drift_message(event: dict[str, Any]) -> str:
-    """What to tell the user about a ``drift`` event."""
-    return (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
+def drift_message(event: dict[str, Any], cluster_file: str | None = None) -> str:
+    """What to tell the user about a ``drift`` event; `cluster_file`: the file an ``--adapt`` run follows."""
+    what = (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
             f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was {event['baseline_step_s']:.3g} s; "
-            f"iteration {event['step']}): if links or devices changed, re-measure them (spantrain profile) and "
-            "adapt the plan (spantrain plan --from PLAN), then continue with spantrain run --resume")
+            f"iteration {event['step']}): if links or devices changed, ")
+    if cluster_file is not None:
+        return what + (f"re-measure them into {cluster_file} (spantrain profile -o {cluster_file}); this run "
+                       "adapts its plan when the file changes")
+    return what + ("re-measure them (spantrain profile) and adapt the plan (spantrain plan --from PLAN), then "
+                   "continue with spantrain run --resume")
 
 
 class MetricsLog:

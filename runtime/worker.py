@@ -131,6 +131,10 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
                           zb_order=runner.order_source,
                           devices={r: role.device for r, role in sorted(layout.roles.items())})
+            if cfg.adaptation:  # this plan came from `--adapt`: what it was chosen over, on the W&B chart
+                from spantrain.runtime.adapter import adaptation_scalars
+
+                tracker.log(adaptation_scalars(cfg.adaptation), step=step)
 
         start_step = step
         last_ckpt = None

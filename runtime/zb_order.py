@@ -30,7 +30,7 @@ from typing import Any
 from spantrain.errors import ExecutionError
 
 __all__ = ["Op", "builtin_orders", "check_orders", "stage_orders", "flop_stage_times", "all_pipeline_orders",
-           "to_actions"]
+           "run_orders", "to_actions"]
 
 Op = tuple[str, int]
 
@@ -182,6 +182,16 @@ def all_pipeline_orders(cluster: Any, workload: Any, plan: Any) -> list[tuple[li
     orders = CostModel(cluster, workload).stage_orders(plan)
     return [(check_orders(o, len(p.stages), p.num_micro_batches, source), source)
             for o, p in zip(orders, plan.pipelines)]
+
+
+def run_orders(cluster: Any, workload: Any, plan: Any) -> tuple[list[list[list[list[Any]]]] | None, str | None]:
+    """`RunConfig.zb_orders` and `zb_order_source` for `plan`: computed once before launch (the cost
+    model's order generator compiles on first use, which every worker would pay); (None, None)
+    for schedules that need no order."""
+    if not plan.schedule.startswith("zb-"):
+        return None, None
+    computed = all_pipeline_orders(cluster, workload, plan)
+    return [[[list(op) for op in stage] for stage in orders] for orders, _ in computed], computed[0][1]
 
 
 def to_actions(orders: list[list[Op]], stage_to_group_rank: dict[int, int]) -> dict[int, list]:

@@ -141,13 +141,13 @@ class DeviceProcess:
                             seconds=(self.ended or time.monotonic()) - self.started, stopped=self.stopped)
 
 
-def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM) -> None:
-    """Signal every running device with `first`, then SIGKILL whatever is left after a grace period."""
+def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM, grace_s: float = _GRACE_S) -> None:
+    """Signal every running device with `first`, then SIGKILL whatever is left after `grace_s`."""
     running = [p for p in procs if p.poll() is None]
     for p in running:
         p.stopped = True
         p.signal(first)
-    deadline = time.monotonic() + _GRACE_S
+    deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in running) and time.monotonic() < deadline:
         time.sleep(0.05)
     for p in running:
@@ -155,11 +155,13 @@ def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM) -> Non
 
 
 def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
-             stop_when: Callable[[], bool] | None = None) -> list[DeviceResult]:
+             stop_when: Callable[[], bool | float] | None = None) -> list[DeviceResult]:
     """Wait for every device; the first failure (or the timeout) stops the rest.
 
-    `stop_when`, polled about every 50 ms, lets the caller stop every device early (a run
-    that stopped making progress, say); the devices it stops come back with ``stopped``.
+    `stop_when`, polled about every 50 ms, lets the caller stop every device early: true
+    (a run that stopped making progress, say) sends SIGTERM and SIGKILL after the usual
+    grace; a number of seconds instead gives the devices that long to finish (a run that
+    checkpoints before it exits). The devices it stops come back with ``stopped``.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
@@ -167,8 +169,12 @@ def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
-            if any(c not in (None, 0) for c in codes) or (stop_when is not None and stop_when()):
+            if any(c not in (None, 0) for c in codes):
                 stop_all(procs)
+                break
+            stop = stop_when() if stop_when is not None else False
+            if stop is not False:
+                stop_all(procs, grace_s=_GRACE_S if stop is True else float(stop))
                 break
             if deadline is not None and time.monotonic() > deadline:
                 stop_all(procs)

@@ -20,7 +20,11 @@ from typing import Any
 from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
 from spantrain.errors import ExecutionError, SpantrainError
 
-__all__ = ["register"]
+__all__ = ["register", "ADAPT_CHECKPOINT_EVERY"]
+
+ADAPT_CHECKPOINT_EVERY = 10
+"""``--adapt``'s default checkpoint period: a switch the workers cannot finish in time (the
+network became very slow) continues from the last checkpoint, losing at most this many iterations."""
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -35,8 +39,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="PATH", help="text file whose bytes are the tokens (default: built-in "
                    "synthetic corpus)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="write checkpoints here (and resume from here)")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                   help="checkpoint every K iterations (default 0: only at the end and on Ctrl-C)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="checkpoint every K iterations (default: only at the end and on Ctrl-C; with --adapt "
+                   f"every {ADAPT_CHECKPOINT_EVERY})")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="complete checkpoints kept (2)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (1e-3)")
@@ -67,6 +72,14 @@ def register(p: argparse.ArgumentParser) -> None:
                    "in `spantrain profile --cluster C --cpus N` (default: all cores)")
     p.add_argument("--emulate-mode", choices=("auto", "netns", "local"), default="auto",
                    help="with --emulate: netns (namespaces or fail), local (plain processes), auto (default)")
+    p.add_argument("--adapt", action="store_true",
+                   help="follow the --cluster file while training: when it changes (spantrain profile -o FILE, a "
+                   "monitor, an edit), re-plan from the running plan and, if moving pays off over the iterations "
+                   "left, continue from a checkpoint on the new plan (needs --checkpoint-dir; local and --emulate "
+                   "runs; with --emulate the file is also the emulated network)")
+    p.add_argument("--adapt-planner", default="auto", metavar="NAME",
+                   help="with --adapt: who proposes the new plan: auto (the policy and the heuristic, default), "
+                   "ppo, heuristic or any planner of `spantrain compare`")
     add_json_arg(p)
     p.set_defaults(func=_run)
 
@@ -79,6 +92,8 @@ def under_torchrun() -> bool:
 def _check_numbers(args: argparse.Namespace) -> None:
     if args.steps <= 0:
         raise ExecutionError(f"--steps must be a positive integer, got {args.steps}")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = ADAPT_CHECKPOINT_EVERY if args.adapt and args.checkpoint_dir else 0
     if args.checkpoint_every < 0:
         raise ExecutionError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if args.keep_checkpoints < 1:
@@ -101,6 +116,18 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--emulate-cpus must be > 0, got {args.emulate_cpus:g}")
     if args.emulate and under_torchrun():
         raise ExecutionError("--emulate starts its own processes: run it directly, not under torchrun")
+    if args.adapt and not args.checkpoint_dir:
+        raise ExecutionError("--adapt needs --checkpoint-dir DIR: a plan switch carries the training state over "
+                             "through a checkpoint")
+    if args.adapt and under_torchrun():
+        raise ExecutionError("--adapt restarts the workers on a new plan, which torchrun's processes cannot do: run "
+                             "without torchrun, or follow the drift note (spantrain plan --from, then --resume)")
+    if args.adapt_planner != "auto" and not args.adapt:
+        raise ExecutionError("--adapt-planner only applies with --adapt")
+    if args.adapt:
+        from spantrain.policies.registry import get_planner
+
+        get_planner(args.adapt_planner)  # an unknown name fails now, not at the first change
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload):
@@ -144,13 +171,10 @@ def _run(args: argparse.Namespace) -> int:
         _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")
     torchrun = under_torchrun()
     zb_orders = zb_source = None
-    if plan.schedule.startswith("zb-") and not torchrun:
-        # Once here rather than in every worker: the cost model's order generator compiles on first use.
-        from spantrain.runtime.zb_order import all_pipeline_orders
+    if not torchrun:
+        from spantrain.runtime.zb_order import run_orders
 
-        computed = all_pipeline_orders(cluster, workload, plan)
-        zb_orders = [[[list(op) for op in stage] for stage in orders] for orders, _ in computed]
-        zb_source = computed[0][1]
+        zb_orders, zb_source = run_orders(cluster, workload, plan)
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     model = args.model if not Path(args.model).exists() else str(Path(args.model).resolve())
     cfg = RunConfig(cluster_spec=cluster.to_spec(), model=model, global_batch=args.global_batch,
@@ -177,11 +201,26 @@ def _run(args: argparse.Namespace) -> int:
         from spantrain.runtime.launcher import launch_emulated, launch_local
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
-        try:
+
+        def launch(cfg, adapter=None):
             if args.emulate:
-                result = launch_emulated(cfg, cpus=args.emulate_cpus, mode=args.emulate_mode, progress=show)
+                return launch_emulated(cfg, cpus=args.emulate_cpus, mode=args.emulate_mode, progress=show,
+                                       adapter=adapter)
+            return launch_local(cfg, progress=show, adapter=adapter)
+
+        try:
+            if args.adapt:
+                from tqdm import tqdm
+
+                from spantrain.runtime.adapter import Adapter, ClusterFile, run_adapting
+
+                adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster, steps=args.steps,
+                                  replan=_replanner(args.adapt_planner, cluster, workload, plan),
+                                  # above the progress bar when there is one
+                                  note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
+                result = run_adapting(cfg, launch, adapter)
             else:
-                result = launch_local(cfg, progress=show)
+                result = launch(cfg)
         except KeyboardInterrupt:
             # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
             partial = run_dir / "result.json"
@@ -193,6 +232,38 @@ def _run(args: argparse.Namespace) -> int:
         result["emulated"] = bool(args.emulate)
     _report(result, args.json)
     return 0
+
+
+def _replanner(planner: str, cluster, workload, plan):
+    """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`."""
+    from spantrain.policies.adapt import adapt_plan
+    from spantrain.runtime.adapter import Decision
+
+    # Decide once now, on the cluster as it is: loading the cost model's compiled kernels and the
+    # policy takes seconds, which would otherwise pass at the first change while the workers train on.
+    adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner)
+
+    def replan(running, cluster, remaining: int) -> Decision:
+        a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner)
+        chosen = a.option(a.chosen)
+        kept = a.option("keep") if any(o.name == "keep" for o in a.options) else None
+        record = {**a.to_dict(), "iteration_s_kept": kept.iteration_s if kept else None,
+                  "iteration_s_new": chosen.iteration_s, "migration_s": chosen.migration_s}
+        others = ", ".join(f"{o.name} {o.iteration_s:.3g} s" + (f" + {o.migration_s:.3g} s to move" if o.migration_s
+                                                                    else "")
+                           for o in a.options if o.name != a.chosen)
+        if a.missing:
+            summary = (f"device(s) {', '.join(a.missing)} left the cluster: switching to the {a.chosen} plan "
+                       f"({chosen.iteration_s:.3g} s/iteration)")
+        elif a.switch:
+            summary = (f"switching to the {a.chosen} plan: {chosen.iteration_s:.3g} s/iteration + "
+                       f"{chosen.migration_s:.3g} s to move, over {remaining} iteration(s) left (others: {others})")
+        else:
+            summary = (f"keeping the running plan: {chosen.iteration_s:.3g} s/iteration now; moving does not pay off "
+                       f"over {remaining} iteration(s) left ({others or 'no other option'})")
+        return Decision(switch=a.switch, plan=a.plan, record=record, summary=summary)
+
+    return replan
 
 
 def _run_torchrun(cfg) -> dict[str, Any] | None:
@@ -233,7 +304,15 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
     print(f"trained iterations {result['start_step']}..{result['final_step']} of {result['target_steps']}"
           f"{' (stopped early)' if result['stopped_early'] else ''}: loss {fmt(result['loss_first'], '.4f')} -> "
           f"{fmt(result['loss_last'], '.4f')}, {fmt(result['samples_per_s'], '.1f')} samples/s "
-          f"({fmt(result['step_s'], '.3f')} s/iteration, median after warm-up)")
+          f"({fmt(result['step_s'], '.3f')} s/iteration, median after warm-up"
+          f"{' on the last plan' if len(result.get('segments') or []) > 1 else ''})")
+    segments = result.get("segments") or []
+    for k, seg in enumerate(segments if len(segments) > 1 else []):
+        from spantrain.plan import Plan
+
+        devices = Plan.from_dict(seg["plan"]).devices
+        print(f"plan {k + 1}: iterations {seg['start_step']}..{seg['final_step']} on {len(devices)} device(s) "
+              f"({', '.join(devices)}), {fmt(seg['step_s'], '.3f')} s/iteration")
     print(f"metrics: {result['metrics']}")
     if result.get("checkpoint"):
         print(f"checkpoint: {result['checkpoint']}")

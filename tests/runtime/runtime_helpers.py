@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,30 @@ def workload():
     from spantrain.workload import Workload
 
     return Workload.from_spec(MODEL, "model")
+
+
+def rewrite(path: Path, spec: dict[str, Any]) -> None:
+    """Write a cluster spec with a new modification time, even on a coarse clock."""
+    path.write_text(json.dumps(spec))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def rewrite_after_step(metrics: Path, cluster: Path, step: int, spec: dict[str, Any]) -> threading.Thread:
+    """In the background: `rewrite` the cluster file once the run has logged iteration `step` (`--adapt` tests)."""
+    def reached() -> bool:
+        text = metrics.read_text() if metrics.exists() else ""
+        whole = text[:text.rfind("\n") + 1]  # the writer may be half-way through a line
+        return any("loss" in rec and rec["step"] >= step for rec in map(json.loads, whole.splitlines()))
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if reached():
+                rewrite(cluster, spec)
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t

@@ -52,3 +52,25 @@ def test_launcher_progress_turns_the_drift_event_into_a_note(tmp_path):
     watcher.poll()
     assert watcher.last_step == 10
     assert len(notes) == 1 and notes[0].startswith("spantrain run: note: iterations are 4.0x slower")
+
+
+def test_a_new_launch_reads_only_its_own_lines_and_an_adapting_run_names_its_cluster_file(tmp_path):
+    from types import SimpleNamespace
+
+    path = tmp_path / "m.jsonl"
+    log = MetricsLog(path)  # an earlier launch of the same run drifted
+    for k, t in enumerate([1.0] * 7 + [4.0] * 3):
+        log.step(_record(k + 1, t))
+    notes = []
+    adapter = SimpleNamespace(cluster_file=SimpleNamespace(path=tmp_path / "now.yaml"))
+    watcher = _Progress(path, total=40, start=10, show=False, note=notes.append, adapter=adapter)
+    watcher.poll()
+    assert watcher.last_step is None and notes == []  # nothing of the earlier launch
+    log.close()
+    log = MetricsLog(path)  # this launch's rank 0
+    for k, t in enumerate([1.0] * 7 + [4.0] * 3):
+        log.step(_record(k + 11, t))
+    log.close()
+    watcher.poll()
+    assert watcher.last_step == 20 and len(notes) == 1
+    assert f"re-measure them into {tmp_path / 'now.yaml'}" in notes[0] and "adapts its plan" in notes[0]

@@ -7,6 +7,7 @@ hang, and no namespace, link or cgroup outlives a run.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -16,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import ASYMMETRIC, plan, spantrain_here, write_inputs
+from runtime_helpers import ASYMMETRIC, CLUSTER, plan, rewrite_after_step, spantrain_here, write_inputs
 
+from spantrain.plan import Plan
 from spantrain.runtime.emulator import netns
 from spantrain.runtime.emulator.cpu import CGROUP_CPU
 
@@ -119,3 +121,23 @@ def test_a_killed_worker_fails_the_run_in_one_line_without_hanging(tmp_path, no_
     assert "was killed by SIGKILL after iteration" in lines[0] and "stopped the other 3 worker(s)" in lines[0]
     assert "Traceback" not in err
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_adapting_run_follows_a_network_change_and_switches_plans(tmp_path, no_leftovers):
+    """The cluster file's link between the regions drops from 1 Gbit/s to 2 Mbit/s after iteration 3:
+    the emulator reshapes the live links, and the run moves off the plan that crosses them."""
+    args = _args(tmp_path, "adapt", plan("1f1b", "allreduce", ASYMMETRIC), 12, "--emulate", "--emulate-mode",
+                 "netns", "--checkpoint-dir", str(tmp_path / "ckpt"), "--adapt", "--adapt-planner", "heuristic")
+    slow = copy.deepcopy(CLUSTER)
+    slow["network"]["default"] = {"gbps": 0.002, "latency_ms": 20}
+    rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", tmp_path / "cluster.json", 3, slow)
+    code, out, err = spantrain_here(*args)
+    result = _result(code, out, err)
+    assert "emulator: links reshaped to the new cluster file" in err
+    first, second = result["segments"]
+    assert result["final_step"] == 12 and len(result["losses"]) == 12 and result["emulated"] is True
+    assert Plan.from_dict(first["plan"]).devices == ["a-0", "b-0", "a-1", "b-1"]
+    assert set(Plan.from_dict(second["plan"]).devices) <= {"a-0", "a-1"} or \
+        set(Plan.from_dict(second["plan"]).devices) <= {"b-0", "b-1"}  # one side of the slow link
+    (decision,) = result["adaptations"]
+    assert decision["switch"] and decision["switched_at"] == first["final_step"] == second["start_step"]

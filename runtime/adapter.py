@@ -1,0 +1,268 @@
+"""``spantrain run --adapt``: follow the cluster file while training, switch plans when it changes.
+
+The cluster file given to ``spantrain run --cluster`` is the run's picture of the cluster;
+whoever measures the cluster rewrites it when links or devices change (``spantrain profile
+-o FILE``, a monitoring job, a person). With ``--adapt`` the launcher looks at the file
+while the workers train (a ``stat`` per poll; it reads the file only when that changed):
+
+1. A new cluster is read. A file that does not load is reported once and ignored until it
+   changes again; the run goes on with its plan.
+2. The re-planner weighs keeping the running plan against moving it, over the iterations
+   still to run (`spantrain.policies.adapt`: remaining x predicted seconds + migration).
+3. **Keep**: one note, and training goes on undisturbed. **Switch**: the workers finish
+   the current iteration together, checkpoint and exit; the run continues from that
+   checkpoint on the new plan and the new cluster. The checkpoint is resharded onto the
+   new stages, so training goes on exactly where it stopped (same weights, optimizer
+   state, data position and random state).
+
+A re-planning error (no option fits the new cluster, say) is a note, and the running plan
+stays. Every decision is an ``adapt`` event in the metrics file, a note on stderr, a set
+of ``adapt/*`` values in W&B (logged by the next segment's rank 0) and an entry of the
+result's ``adaptations``.
+
+The runtime does not plan: the CLI hands in the re-planner (`Replan`), so this module
+depends on the core types only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spantrain.cluster import Cluster
+from spantrain.errors import ExecutionError, SpantrainError
+from spantrain.plan import Plan
+from spantrain.runtime.config import RunConfig
+
+__all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars"]
+
+
+class StopTimedOut(ExecutionError):
+    """The workers did not finish their iteration in time to stop for a switch (a very slow network)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """What the re-planner chose when the cluster changed."""
+
+    switch: bool
+    """True: move to `plan`; False: keep the running plan."""
+    plan: Plan
+    """The plan to continue with (the running one when keeping)."""
+    record: dict[str, Any]
+    """JSON-able details (the options weighed), for the metrics file and the result."""
+    summary: str
+    """One line for the user."""
+
+
+Replan = Callable[[Plan, Cluster, int], Decision]
+"""``replan(running_plan, cluster_now, remaining_iterations) -> Decision``; raises
+`SpantrainError` when it cannot plan."""
+
+
+class ClusterFile:
+    """A cluster spec file that may be rewritten while a run goes on."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._stat = self._signature()
+        self._digest = self._read_digest()
+        self._reported: str | None = None
+
+    def _signature(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _read_digest(self) -> str | None:
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def poll(self, note: Callable[[str], None]) -> Cluster | None:
+        """The cluster the file describes now, if its content changed since the last poll; else None.
+
+        A changed file that cannot be read or loaded is reported through `note` once (per
+        content) and gives None: a writer may be half-way through it, or it may be wrong.
+        """
+        sig = self._signature()
+        if sig == self._stat:
+            return None
+        self._stat = sig
+        digest = self._read_digest()
+        if digest is None or digest == self._digest:
+            return None  # touched, or gone for a moment while being replaced
+        try:
+            cluster = Cluster.from_file(self.path)
+        except SpantrainError as e:
+            if self._reported != digest:
+                self._reported = digest
+                note(f"the cluster file {self.path} changed but does not load ({e}); keeping the running plan "
+                     "until it does")
+            return None
+        self._digest = digest
+        return cluster
+
+
+@dataclass
+class _Pending:
+    step: int
+    decision: Decision
+    cluster: Cluster
+
+
+@dataclass
+class Adapter:
+    """Polled by the launcher while workers train; decides, and tells the launcher when to stop them."""
+
+    cluster_file: ClusterFile
+    plan: Plan
+    """The running plan."""
+    cluster: Cluster
+    """The cluster it runs on, as last read."""
+    steps: int
+    """The run's target iteration count."""
+    replan: Replan
+    note: Callable[[str], None]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """Every decision so far (``adapt`` events), in order."""
+    pending: _Pending | None = None
+    """A switch waiting for the workers to stop."""
+
+    def check(self, step: int, on_change: Callable[[Cluster], None] | None = None) -> bool:
+        """Look at the cluster file after iteration `step`; True when the workers should stop for a switch.
+
+        `on_change(cluster)` runs first for every new cluster (the emulator reshapes its links)."""
+        if self.pending is not None:
+            return True
+        cluster = self.cluster_file.poll(self.note)
+        if cluster is None:
+            return False
+        if on_change is not None:
+            on_change(cluster)
+        remaining = self.steps - step
+        if remaining < 1:  # the run is ending anyway
+            self.cluster = cluster
+            return False
+        try:
+            decision = self.replan(self.plan, cluster, remaining)
+        except SpantrainError as e:
+            self.note(f"the cluster changed after iteration {step} but re-planning failed ({e}); "
+                      "keeping the running plan")
+            self.records.append({"step": step, "switch": False, "error": str(e)})
+            self.cluster = cluster
+            return False
+        self.records.append({"step": step, **decision.record, "switch": decision.switch,
+                             "plan": decision.plan.to_dict() if decision.switch else None})
+        self.note(f"the cluster changed after iteration {step}: {decision.summary}")
+        if not decision.switch:
+            self.cluster = cluster
+            return False
+        self.pending = _Pending(step=step, decision=decision, cluster=cluster)
+        return True
+
+    def take_switch(self) -> _Pending | None:
+        """The switch the workers stopped for (None if none); from now on its plan is the running one."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.plan, self.cluster = pending.decision.plan, pending.cluster
+        return pending
+
+
+def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str, Any]],
+                 adapter: Adapter) -> dict[str, Any]:
+    """Run `cfg` with `launch`, continuing on a new plan after every switch `adapter` decides.
+
+    The workers normally stop for a switch at the end of an iteration, with a checkpoint.
+    When they cannot finish it in time (the network became very slow), they are killed and
+    the run continues from the last checkpoint (``--checkpoint-every``), or from its start
+    when there is none; the iterations after it are trained again, on the new plan.
+
+    The result is the last launch's, with ``start_step`` and ``losses`` over the whole run,
+    ``adaptations`` (every decision) and ``segments`` (one per plan: iterations, plan, medians).
+    """
+    from spantrain.runtime.checkpoint import latest_checkpoint
+    from spantrain.runtime.preflight import check_run
+    from spantrain.runtime.zb_order import run_orders
+    from spantrain.workload import load_workload
+
+    workload = load_workload(cfg.model, global_batch=cfg.global_batch)
+    first_step = _checkpoint_step(latest_checkpoint(cfg.checkpoint_dir)) if cfg.resume and cfg.checkpoint_dir else 0
+    segments: list[dict[str, Any]] = []
+    written = 0
+    try:
+        while True:
+            try:
+                result = launch(cfg, adapter)
+            except StopTimedOut as e:
+                latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+                step = _checkpoint_step(latest)
+                adapter.note(f"{e}: they were stopped; continuing from "
+                             + (f"the checkpoint of iteration {step}" if latest else "the start (no checkpoint yet)"))
+                result = {"start_step": segments[-1]["final_step"] if segments else first_step, "final_step": step,
+                          "stopped_early": True, "plan": cfg.plan, "step_s": None, "samples_per_s": None,
+                          "checkpoint": str(latest) if latest else None}
+            segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s")})
+            switch = adapter.take_switch()
+            if switch is None or not result["stopped_early"]:
+                break
+            adapter.records[-1]["switched_at"] = result["final_step"]  # no decision is made while one is pending
+            plan, cluster = switch.decision.plan, switch.cluster
+            try:
+                check_run(cluster, workload, plan, data=cfg.data)
+            except SpantrainError as e:
+                raise ExecutionError(f"the new plan cannot run ({e}); the last checkpoint is "
+                                     f"{result['checkpoint']} (continue with --resume)") from None
+            orders, source = run_orders(cluster, workload, plan)
+            cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),
+                                      resume=result["checkpoint"] is not None, rank_map=None, zb_orders=orders,
+                                      zb_order_source=source, adaptation=adapter.records[-1])
+            adapter.note(f"continuing from iteration {result['final_step']} on the new plan "
+                         f"({len(plan.devices)} device(s): {', '.join(plan.devices)})")
+            written = _log_decisions(cfg.metrics_path, adapter.records, written)
+    finally:
+        _log_decisions(cfg.metrics_path, adapter.records, written)
+    losses = _losses(cfg.metrics_path, first_step, result["final_step"])
+    return {**result, "start_step": first_step, "losses": losses, "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments}
+
+
+def _checkpoint_step(path: Path | None) -> int:
+    return int(json.loads((path / "train_state.json").read_text())["step"]) if path is not None else 0
+
+
+def _losses(path: str, start: int, end: int) -> list[float]:
+    """Loss of every iteration in (start, end], as last trained (iterations retrained after a kill count once)."""
+    by_step: dict[int, float] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a killed writer
+                continue
+            if "loss" in rec and "step" in rec:
+                by_step[rec["step"]] = rec["loss"]
+    return [by_step[s] for s in range(start + 1, end + 1) if s in by_step]
+
+
+def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> int:
+    """Append the decisions not yet in the metrics file as ``adapt`` events (while no worker writes it)."""
+    with open(path, "a") as f:
+        for rec in records[written:]:
+            f.write(json.dumps({"event": "adapt", **rec}) + "\n")
+    return len(records)
+
+
+def adaptation_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a decision record, as ``adapt/*`` W&B values (logged when the new plan starts)."""
+    return {f"adapt/{k}": float(v) for k, v in record.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -1,0 +1,161 @@
+"""`spantrain run --adapt`: the cluster file is followed while training; a change that makes
+moving pay off switches plans through a checkpoint and training continues exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from runtime_helpers import (
+    ASYMMETRIC,
+    CLUSTER,
+    EXACT_EPS,
+    LR,
+    plan,
+    rewrite,
+    rewrite_after_step,
+    spantrain_here,
+    write_inputs,
+)
+
+from spantrain.cluster import Cluster
+from spantrain.errors import PlanError
+from spantrain.plan import Plan
+from spantrain.runtime.adapter import Adapter, ClusterFile, Decision, adaptation_scalars
+
+RUNNING = Plan.from_dict(plan("1f1b", "allreduce", ASYMMETRIC))
+SINGLE = Plan.from_dict(plan("1f1b", "allreduce", [(1, 10, [("a-1", 0, 6)])]))
+# The link between the regions collapses: every plan that crosses it is many times slower.
+SLOW_WAN = copy.deepcopy(CLUSTER)
+SLOW_WAN["network"]["default"] = {"gbps": 0.00001, "latency_ms": 1000}
+
+
+def test_cluster_file_reports_real_changes_once_and_waits_out_a_broken_file(tmp_path):
+    path, _ = write_inputs(tmp_path)
+    watch, notes = ClusterFile(path), []
+    assert watch.poll(notes.append) is None
+    rewrite(path, CLUSTER)  # touched, same content
+    assert watch.poll(notes.append) is None
+    path.write_text("devices: [")  # half-written
+    assert watch.poll(notes.append) is None and watch.poll(notes.append) is None
+    assert len(notes) == 1 and str(path) in notes[0] and "keeping the running plan" in notes[0]
+    rewrite(path, SLOW_WAN)
+    new = watch.poll(notes.append)
+    assert isinstance(new, Cluster) and new.bandwidth.min() < Cluster.from_spec(CLUSTER).bandwidth.min()
+    assert watch.poll(notes.append) is None and len(notes) == 1
+
+
+def _adapter(tmp_path, replan, steps=20):
+    path, _ = write_inputs(tmp_path)
+    notes = []
+    adapter = Adapter(cluster_file=ClusterFile(path), plan=RUNNING, cluster=Cluster.from_spec(CLUSTER), steps=steps,
+                      replan=replan, note=notes.append)
+    return path, adapter, notes
+
+
+def test_adapter_keeps_switches_and_survives_a_failed_replan(tmp_path):
+    answers = []
+
+    def replan(running, cluster, remaining):
+        answers.append((running, remaining))
+        kind = replies.pop(0)
+        if kind == "error":
+            raise PlanError(["no option fits memory"])
+        return Decision(switch=kind == "switch", plan=SINGLE if kind == "switch" else running,
+                        record={"chosen": kind}, summary=f"chose {kind}")
+
+    replies = ["keep", "error", "switch"]
+    path, adapter, notes = _adapter(tmp_path, replan)
+    assert adapter.check(3) is False and answers == []  # nothing changed
+    rewrite(path, SLOW_WAN)
+    assert adapter.check(3) is False and answers == [(RUNNING, 17)]
+    assert adapter.cluster.bandwidth.min() < 1e6 and notes[-1].endswith("chose keep")
+    spec = copy.deepcopy(SLOW_WAN)
+    spec["network"]["default"]["latency_ms"] = 900
+    rewrite(path, spec)
+    assert adapter.check(5) is False and "re-planning failed" in notes[-1] and "no option fits" in notes[-1]
+    spec["network"]["default"]["latency_ms"] = 800
+    rewrite(path, spec)
+    reshaped = []
+    assert adapter.check(6, on_change=reshaped.append) is True and len(reshaped) == 1
+    assert adapter.check(7) is True and len(answers) == 3  # pending: no new decision while the workers stop
+    assert [r["switch"] for r in adapter.records] == [False, False, True] and adapter.records[-1]["step"] == 6
+    pending = adapter.take_switch()
+    assert pending.decision.plan is SINGLE and adapter.plan is SINGLE and adapter.pending is None
+    assert adapter.take_switch() is None
+
+
+def test_no_decision_when_nothing_is_left_to_run(tmp_path):
+    path, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("replanned with no iteration left"), steps=10)
+    rewrite(path, SLOW_WAN)
+    assert adapter.check(10) is False and adapter.records == []
+
+
+def _run_args(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
+    cluster, model = write_inputs(tmp_path)
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(RUNNING.to_dict()))
+    return ["run", "--cluster", str(cluster), "--model", str(model), "--plan", str(plan_path), "--steps", str(steps),
+            "--lr", str(LR), "--adam-eps", str(EXACT_EPS), "--run-dir", str(tmp_path / name), "--json",
+            "--no-progress", *extra]
+
+
+@pytest.mark.slow
+def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path):
+    steps = 30
+    (tmp_path / "ref").mkdir()
+    ref = json.loads(spantrain_here(*_run_args(tmp_path / "ref", "ref", steps))[1])
+    cluster = tmp_path / "cluster.json"
+    changer = rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 3, SLOW_WAN)
+    code, out, err = spantrain_here(*_run_args(tmp_path, "adapt", steps, "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                               "--adapt", "--adapt-planner", "heuristic"))
+    changer.join(1)
+    assert code == 0, err
+    res = json.loads(out)
+    assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
+    assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
+    first, second = res["segments"]
+    assert first["plan"] == RUNNING.to_dict() and first["final_step"] == second["start_step"]
+    assert 3 <= first["final_step"] < steps and res["world_size"] == len(Plan.from_dict(second["plan"]).devices) < 4
+    (decision,) = res["adaptations"]
+    assert decision["switch"] and decision["chosen"] == "heuristic" and decision["switched_at"] == first["final_step"]
+    assert decision["iteration_s_kept"] > 100 * decision["iteration_s_new"]
+    scalars = adaptation_scalars(decision)  # what the new plan's rank 0 logs to W&B
+    assert scalars["adapt/switched_at"] == first["final_step"] and scalars["adapt/migration_s"] >= 0
+    assert {"adapt/iteration_s_kept", "adapt/iteration_s_new", "adapt/remaining_steps"} <= set(scalars)
+    assert not any(k in scalars for k in ("adapt/switch", "adapt/options", "adapt/plan"))
+    # Same samples in the same order, the state carried over by the checkpoint: the same losses.
+    assert res["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    events = [json.loads(x) for x in (tmp_path / "adapt" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e.get("event") in ("start", "end", "adapt")] == [
+        "start", "end", "adapt", "start", "end"]
+    assert first["final_step"] in [e["step"] for e in events if e.get("event") == "checkpoint"]
+
+
+@pytest.mark.slow
+def test_a_switch_the_workers_cannot_reach_in_time_continues_from_the_last_checkpoint(tmp_path, monkeypatch):
+    import spantrain.runtime.launcher as launcher
+
+    monkeypatch.setattr(launcher, "_STOP_GRACE_S", 0.0)  # as if the iteration in flight crawled on the new links
+    cluster = tmp_path / "cluster.json"
+    rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 5, SLOW_WAN)
+    code, out, err = spantrain_here(*_run_args(tmp_path, "adapt", 16, "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                               "--checkpoint-every", "4", "--adapt", "--adapt-planner", "heuristic"))
+    assert code == 0, err
+    res = json.loads(out)
+    assert "did not finish their iteration" in err and "continuing from the checkpoint of iteration" in err
+    first, second = res["segments"]
+    assert first["final_step"] % 4 == 0 and first["final_step"] >= 4 and second["start_step"] == first["final_step"]
+    assert res["final_step"] == 16 and len(res["losses"]) == 16  # retrained iterations counted once
+
+
+def test_adapt_input_errors_are_one_line(tmp_path):
+    code, _, err = spantrain_here(*_run_args(tmp_path, "x", 4, "--adapt"))
+    assert code == 2 and "--adapt needs --checkpoint-dir" in err and len(err.strip().splitlines()) == 1
+    code, _, err = spantrain_here(*_run_args(tmp_path, "x", 4, "--adapt-planner", "ppo"))
+    assert code == 2 and "--adapt-planner only applies with --adapt" in err
+    code, _, err = spantrain_here(*_run_args(tmp_path, "x", 4, "--adapt", "--checkpoint-dir", str(tmp_path / "c"),
+                                             "--adapt-planner", "nope"))
+    assert code == 2 and "nope" in err and len(err.strip().splitlines()) == 1
