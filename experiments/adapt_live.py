@@ -1,0 +1,152 @@
+"""A live run adapts to a network change: ``spantrain run --adapt`` on the emulated cee-demo cluster.
+
+The run starts on a two-stage pipeline across the cloud-edge link (cloud-0 -> edge-0,
+100 Mbit/s in ``examples/cee-demo.yaml``). Once it has logged iteration ``--change-at``,
+this script rewrites the run's cluster file with that link at ``--slow-gbps`` (as a
+monitor re-measuring the network would): the emulator reshapes the live link, so the
+iteration in flight crawls, and the adapter re-plans and moves the run through a
+checkpoint. Printed: seconds per iteration before the change, on the slowed link and on
+the new plan (medians, the first two iterations of each plan left out), the iteration the
+switch took effect at, the options the adapter weighed (cost-model seconds), the wall
+time, and whether every iteration's loss is there exactly once.
+
+``--mode netns`` (default) needs root; ``local`` emulates the network in the transport
+only (no live reshaping: the change shows from the new plan on); ``none`` runs plain local
+processes, no emulation at all (the tests' smoke run: it checks the plumbing, not speeds).
+
+Usage: python experiments/adapt_live.py [--json] [--steps 30] [--change-at 5] [--slow-gbps 0.001]
+       [--mode netns|local|none] [--model tiny-gpt] [--planner auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["CLUSTER_FILE", "pipeline_plan", "main"]
+
+CLUSTER_FILE = Path(__file__).resolve().parents[1] / "examples" / "cee-demo.yaml"
+"""The cluster of DESIGN.md; its first inter-region link is cloud-a <-> edge-b."""
+_WARMUP = 2
+
+
+def pipeline_plan(num_layers: int, batch: int) -> dict[str, Any]:
+    """cloud-0 holds the first half of the layers, edge-0 the rest; 1F1B over up to 8 micro-batches."""
+    cut = num_layers // 2
+    micro_batches = max(m for m in range(1, 9) if batch % m == 0)
+    return {"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
+            "pipelines": [{"micro_batch_size": batch // micro_batches, "num_micro_batches": micro_batches,
+                           "stages": [{"devices": ["cloud-0"], "layers": [0, cut]},
+                                      {"devices": ["edge-0"], "layers": [cut, num_layers]}]}]}
+
+
+def _swap_when(metrics: Path, step: int, live: Path, slow: dict[str, Any], seen: dict[str, float]) -> None:
+    """Replace the live cluster file with `slow` once the run has logged iteration `step`."""
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        text = metrics.read_text() if metrics.exists() else ""
+        whole = text[:text.rfind("\n") + 1]
+        if any("loss" in r and r["step"] >= step for r in map(json.loads, whole.splitlines())):
+            tmp = live.with_suffix(".tmp")
+            tmp.write_text(yaml.safe_dump(slow, sort_keys=False))
+            os.replace(tmp, live)  # one atomic change, as a careful monitor writes it
+            seen["changed_at"] = time.monotonic()
+            return
+        time.sleep(0.02)
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--steps", type=int, default=30, help="iterations in all (30)")
+    ap.add_argument("--change-at", type=int, default=5, help="change the link after this iteration (5)")
+    ap.add_argument("--slow-gbps", type=float, default=0.001, help="the cloud-edge link after the change (0.001)")
+    ap.add_argument("--mode", choices=("netns", "local", "none"), default="netns",
+                    help="emulator mode, or none for plain local processes (netns)")
+    ap.add_argument("--model", default="tiny-gpt", help="workload preset or file (tiny-gpt)")
+    ap.add_argument("--planner", default="auto", help="--adapt-planner (auto)")
+    args = ap.parse_args(argv)
+    if not 0 < args.change_at < args.steps - 2:
+        ap.error("need 0 < --change-at < --steps - 2")
+    from spantrain.cli import main as spantrain
+    from spantrain.workload import load_workload
+
+    workload = load_workload(args.model)
+    spec = yaml.safe_load(CLUSTER_FILE.read_text())
+    slow = json.loads(json.dumps(spec))
+    slow["network"]["links"][0]["gbps"] = args.slow_gbps
+    with tempfile.TemporaryDirectory(prefix="adapt-live-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        os.chmod(tmp, 0o755)  # the emulated devices write their checkpoints here
+        live, plan_path, run_dir = tmp / "live.yaml", tmp / "plan.json", tmp / "run"
+        live.write_text(yaml.safe_dump(spec, sort_keys=False))
+        plan_path.write_text(json.dumps(pipeline_plan(workload.num_layers, workload.global_batch)))
+        seen: dict[str, float] = {}
+        threading.Thread(target=_swap_when, args=(run_dir / "metrics.jsonl", args.change_at, live, slow, seen),
+                         daemon=True).start()
+        cmd = ["run", "--cluster", str(live), "--model", args.model, "--plan", str(plan_path), "--steps",
+               str(args.steps), "--checkpoint-dir", str(tmp / "ckpt"), "--run-dir", str(run_dir), "--adapt",
+               "--adapt-planner", args.planner, "--no-progress", "--json"]
+        if args.mode != "none":
+            cmd += ["--emulate", "--emulate-mode", args.mode]
+        out, err = io.StringIO(), io.StringIO()
+        t0 = time.monotonic()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = spantrain(cmd)
+        wall = time.monotonic() - t0
+        if code != 0:
+            raise SystemExit(f"adapt_live: the run failed: {err.getvalue().strip().splitlines()[-1]}")
+        result = json.loads(out.getvalue())
+        steps = {r["step"]: r["step_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+                 if "loss" in r}
+    if not result["adaptations"] or not result["adaptations"][0]["switch"]:
+        raise SystemExit("adapt_live: the run did not switch plans; see the notes:\n" + err.getvalue())
+    decision = result["adaptations"][0]
+    switched = decision["switched_at"]
+    new_plan = result["segments"][-1]["plan"]
+    figures = {
+        "steps": args.steps, "change_at": args.change_at, "switched_at": switched, "mode": args.mode,
+        "slow_gbps": args.slow_gbps, "wall_s": round(wall, 1),
+        "before_s": _median([steps[s] for s in range(_WARMUP + 1, args.change_at + 1)]),
+        "on_slowed_link_s": [steps[s] for s in range(args.change_at + 1, switched + 1)],
+        "after_s": _median([steps[s] for s in range(switched + _WARMUP + 1, args.steps + 1)]),
+        "new_devices": [st["devices"][0] for p in new_plan["pipelines"] for st in p["stages"]],
+        "chosen": decision["chosen"], "options": decision["options"],
+        "losses_complete": len(result["losses"]) == args.steps,
+        "notes": [line for line in err.getvalue().splitlines() if line.startswith("spantrain run: note: the cluster")],
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    slowed = ", ".join(f"{x:.2f}" for x in figures["on_slowed_link_s"]) or "none"
+    print(f"adapt_live: {args.model} on cee-demo, cloud-0 -> edge-0 pipeline; cloud-edge link 0.1 -> "
+          f"{args.slow_gbps:g} Gbit/s after iteration {args.change_at} ({args.mode})")
+    print(f"  before the change   {figures['before_s']:.3f} s/iteration (median)")
+    print(f"  on the slowed link  {slowed} s (iterations {args.change_at + 1}..{switched})")
+    print(f"  after the switch    {figures['after_s']:.3f} s/iteration on {', '.join(figures['new_devices'])} "
+          f"(the {decision['chosen']} plan, from iteration {switched})")
+    for o in decision["options"]:
+        print(f"  option {o['name']:<10} {o['iteration_s']:.4g} s/iteration predicted + {o['migration_s']:.3g} s to "
+              f"move = {o['total_s']:.4g} s over {decision['remaining_steps']} iterations")
+    print(f"  every iteration's loss once: {figures['losses_complete']}; wall {wall:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

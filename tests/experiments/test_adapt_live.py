@@ -1,0 +1,38 @@
+"""`experiments/adapt_live.py` smoke run: plain local processes, a tiny model, a dozen iterations."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from spantrain.experiments import adapt_live
+
+# A 6-layer GPT small enough that a dozen two-process iterations take a few seconds.
+MODEL = {"name": "adapt-small", "global_batch": 8, "seq_len": 16, "precision": "fp32",
+         "architecture": {"family": "gpt2", "vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2,
+                          "d_ff": 64, "max_seq_len": 32}}
+
+
+@pytest.mark.slow
+def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(MODEL))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert adapt_live.main(["--json", "--mode", "none", "--steps", "12", "--change-at", "3", "--model", str(model),
+                                "--planner", "heuristic"]) == 0
+    fig = json.loads(out.getvalue())
+    assert fig["chosen"] == "heuristic" and 3 < fig["switched_at"] < 12 and fig["losses_complete"]
+    assert "edge-0" not in fig["new_devices"]  # off the slowed cloud-edge link
+    keep = next(o for o in fig["options"] if o["name"] == "keep")
+    assert keep["iteration_s"] > 100 * min(o["iteration_s"] for o in fig["options"])
+    assert fig["before_s"] > 0 and fig["after_s"] > 0 and len(fig["on_slowed_link_s"]) == fig["switched_at"] - 3
+
+
+def test_bad_arguments_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        adapt_live.main(["--steps", "5", "--change-at", "4"])
+    assert e.value.code == 2 and "--change-at" in capsys.readouterr().err
