@@ -14,7 +14,9 @@ The supervisor watches every worker's exit:
 - Ctrl-C: workers get SIGTERM, finish the current iteration together, checkpoint and exit;
   a second Ctrl-C (or the grace period running out) kills them.
 
-So a run never hangs on a dead worker, and never leaves processes behind.
+So a run never hangs on a dead worker, and never leaves processes behind. With an
+`Adapter` (``spantrain run --adapt``) the supervisor also checks the cluster file while the
+workers train; for a plan switch they get SIGTERM as on Ctrl-C, with the same grace.
 
 `launch_emulated` runs the same workers on the local emulated cluster instead
 (`spantrain.runtime.emulator`): one namespace, shaper and CPU quota per *plan* device
@@ -337,11 +339,15 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
                              "(stalled; see --timeout)", watcher.last_step)
     failed = [r for r in results if not r.ok]
     if failed and switching and all(r.stopped for r in failed):
-        raise StopTimedOut(f"the workers did not finish their iteration within {_STOP_GRACE_S:.0f} s of the "
-                           "request to stop for a plan switch")
+        raise _switch_timed_out()
     if failed:
         raise _failure_error(cfg, devices, *_blame_emulated(results, cfg), watcher.last_step)
     return _result(run_dir)
+
+
+def _switch_timed_out() -> StopTimedOut:
+    return StopTimedOut(f"the workers did not finish their iteration within {_STOP_GRACE_S:.0f} s of the request "
+                        "to stop for a plan switch")
 
 
 def _blame_emulated(results: list, cfg: RunConfig) -> tuple[int, str]:
@@ -410,8 +416,7 @@ def _supervise(procs: list, watcher: _Progress, cfg: RunConfig,
                         os.kill(p.pid, signal.SIGTERM)
         if stopping is not None and time.monotonic() - stopping >= _STOP_GRACE_S:
             _stop_all(procs, 0.0)  # they had their grace: SIGKILL
-            raise StopTimedOut(f"the workers did not finish their iteration within {_STOP_GRACE_S:.0f} s of the "
-                               "request to stop for a plan switch")
+            raise _switch_timed_out()
         failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if failed:
             return _blame(procs, failed, cfg)

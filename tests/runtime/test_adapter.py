@@ -159,3 +159,26 @@ def test_adapt_input_errors_are_one_line(tmp_path):
     code, _, err = spantrain_here(*_run_args(tmp_path, "x", 4, "--adapt", "--checkpoint-dir", str(tmp_path / "c"),
                                              "--adapt-planner", "nope"))
     assert code == 2 and "nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_link():
+    from spantrain.cli.run import _replanner
+    from spantrain.policies.heuristic import HeuristicPlanner
+    from spantrain.workload import Workload
+
+    # four A100s on a 0.5 Gbit/s LAN, gpt2-xl: the heuristic's plan is a two-stage pipeline
+    spec = {"name": "lan", "devices": [{"id": "g", "count": 4, "region": "r", "tflops": 150, "memory_gb": 40}],
+            "network": {"regions": {"r": {"gbps": 0.5, "latency_ms": 0.5}}}}
+    cluster, gpt2_xl = Cluster.from_spec(spec), Workload.from_preset("gpt2-xl")
+    running = HeuristicPlanner().plan(cluster, gpt2_xl)
+    assert len(running.devices) == 2
+    replan = _replanner("heuristic", cluster, gpt2_xl, running)
+    same = replan(running, cluster, 100)
+    assert not same.switch and same.plan.to_dict()["pipelines"] == running.to_dict()["pipelines"]
+    assert same.summary.startswith("keeping the running plan") and same.record["chosen"] == "keep"
+    spec["network"]["regions"]["r"]["gbps"] = 0.0005  # the LAN all but dies: one device alone is best
+    moved = replan(running, Cluster.from_spec(spec), 100)
+    assert moved.switch and moved.summary.startswith("switching to the heuristic plan")
+    assert len(moved.plan.devices) == 1 and moved.record["iteration_s_new"] < moved.record["iteration_s_kept"]
+    left = replan(running, cluster.subset([d for d in cluster.ids if d != running.devices[0]]), 100)
+    assert left.switch and f"device(s) {running.devices[0]} left the cluster" in left.summary
