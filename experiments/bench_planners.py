@@ -12,6 +12,10 @@ Three parts, all with fixed seeds:
 - **small**: clusters of 6, 7 and 8 devices, seeds 0-1, every profile, the three models
   (54 cases): every planner's gap to the optimum of exhaustive search (ga again with
   ten times the heuristic's time).
+- **slow**: small clusters on slow networks, heuristic against exhaustive: the 6-device
+  clusters of seeds 0-3 of every profile with every bandwidth x0.1 and x0.01, and one-region
+  clusters of 2-4 A100s or RTX 3090s on a 0.1-5 Gbit/s LAN, x the three models (where a
+  unit's own links are slow, few of its devices can beat all of them and one alone).
 - **scaling**: the heuristic's planning time (wall and CPU seconds) on 8, 64, 256 and
   1024 devices of every profile, for gpt2-medium and llama2-7b.
 
@@ -38,7 +42,7 @@ from typing import Any
 
 from spantrain.experiments.plotting import save_figure
 
-__all__ = ["SuiteSpec", "full_spec", "quick_spec", "run", "summarize", "markdown", "main"]
+__all__ = ["SuiteSpec", "full_spec", "quick_spec", "slow_clusters", "run", "summarize", "markdown", "main"]
 
 PROFILES = ("cee", "geo", "datacenter")
 MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
@@ -54,7 +58,7 @@ class SuiteSpec:
     """Which cases a run covers."""
 
     def __init__(self, *, suite_sizes, suite_seeds, small_sizes, small_seeds, scaling_sizes, models,
-                 scaling_models, ga_factor=GA_FACTOR):
+                 scaling_models, ga_factor=GA_FACTOR, slow_seeds=(), slow_scales=(), lan_counts=(), lan_gbps=()):
         self.suite_sizes = tuple(suite_sizes)
         self.suite_seeds = tuple(suite_seeds)
         self.small_sizes = tuple(small_sizes)
@@ -63,6 +67,10 @@ class SuiteSpec:
         self.models = tuple(models)
         self.scaling_models = tuple(scaling_models)
         self.ga_factor = ga_factor
+        self.slow_seeds = tuple(slow_seeds)
+        self.slow_scales = tuple(slow_scales)
+        self.lan_counts = tuple(lan_counts)
+        self.lan_gbps = tuple(lan_gbps)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -71,15 +79,43 @@ class SuiteSpec:
 def full_spec() -> SuiteSpec:
     return SuiteSpec(suite_sizes=(8, 12, 16, 24, 32, 48, 64), suite_seeds=(0, 1, 2), small_sizes=(6, 7, 8),
                      small_seeds=(0, 1), scaling_sizes=(8, 64, 256, 1024), models=MODELS,
-                     scaling_models=("gpt2-medium", "llama2-7b"))
+                     scaling_models=("gpt2-medium", "llama2-7b"), slow_seeds=(0, 1, 2, 3), slow_scales=(0.1, 0.01),
+                     lan_counts=(2, 3, 4), lan_gbps=(0.1, 0.5, 1, 2, 5))
 
 
 def quick_spec() -> SuiteSpec:
     return SuiteSpec(suite_sizes=(8,), suite_seeds=(0,), small_sizes=(6,), small_seeds=(0,), scaling_sizes=(8, 16),
-                     models=("gpt2-medium",), scaling_models=("gpt2-medium",), ga_factor=2.0)
+                     models=("gpt2-medium",), scaling_models=("gpt2-medium",), ga_factor=2.0, slow_seeds=(0,),
+                     slow_scales=(0.01,), lan_counts=(2,), lan_gbps=(0.5,))
 
 
 # ---- running -------------------------------------------------------------------------------
+
+_LAN_GPUS = {"A100": (150.0, 40.0), "RTX3090": (35.0, 24.0)}
+"""The slow part's one-region clusters: TFLOP/s and memory GB."""
+
+
+def slow_clusters(spec: SuiteSpec) -> list[tuple[str, Any]]:
+    """(name, cluster) of the slow part: scaled-down generated clusters, then slow one-region LANs."""
+    from spantrain.cluster import Cluster
+    from spantrain.profiler.topology import generate
+
+    out = []
+    for profile in PROFILES:
+        for seed in spec.slow_seeds:
+            base = generate(6, seed, profile)
+            for scale in spec.slow_scales:
+                out.append((f"{profile}-6-s{seed} x{scale:g}", base.with_arrays(bandwidth=base.bandwidth * scale)))
+    for gpu, (tflops, memory) in _LAN_GPUS.items():
+        for count in spec.lan_counts:
+            for gbps in spec.lan_gbps:
+                name = f"{count}x{gpu} {gbps:g} Gbit/s"
+                out.append((name, Cluster.from_spec({
+                    "name": name, "devices": [{"id": "g", "count": count, "region": "lan", "tflops": tflops,
+                                               "memory_gb": memory}],
+                    "network": {"regions": {"lan": {"gbps": gbps, "latency_ms": 0.5}}}})))
+    return out
+
 
 
 def _result_row(r) -> dict[str, Any]:
@@ -106,9 +142,10 @@ def run(spec: SuiteSpec, progress: bool = True) -> dict[str, Any]:
     small_cases = [(p, n, s, m) for p in PROFILES for n in spec.small_sizes for s in spec.small_seeds
                    for m in spec.models]
     scaling_cases = [(p, n, 0, m) for n in spec.scaling_sizes for p in PROFILES for m in spec.scaling_models]
-    total = len(suite_cases) + len(small_cases) + len(scaling_cases)
+    slow_cases = [(name, c, m) for name, c in slow_clusters(spec) for m in spec.models]
+    total = len(suite_cases) + len(small_cases) + len(slow_cases) + len(scaling_cases)
     bar = tqdm(total=total, file=sys.stderr, disable=not progress, desc="planner bench", unit="case")
-    out: dict[str, list] = {"suite": [], "small": [], "scaling": []}
+    out: dict[str, list] = {"suite": [], "small": [], "slow": [], "scaling": []}
     for profile, n, seed, model in suite_cases:
         bar.set_postfix_str(f"suite {profile}-{n}-s{seed} {model}")
         cluster, workload = generate(n, seed, profile), Workload.from_preset(model)
@@ -129,6 +166,12 @@ def run(spec: SuiteSpec, progress: bool = True) -> dict[str, Any]:
         budget = max(0.05, spec.ga_factor * row["planners"]["heuristic"]["plan_s"])
         row["planners"]["ga"] = _result_row(run_planner("ga", cluster, workload, budget_s=budget))
         out["small"].append(row)
+        bar.update()
+    for name, cluster, model in slow_cases:
+        bar.set_postfix_str(f"slow {name} {model}")
+        workload = Workload.from_preset(model)
+        out["slow"].append({"cluster": name, "model": model, "planners": {
+            p: _result_row(run_planner(p, cluster, workload)) for p in ("heuristic", "exhaustive")}})
         bar.update()
     for profile, n, seed, model in scaling_cases:
         bar.set_postfix_str(f"scaling {profile}-{n} {model}")
@@ -215,6 +258,14 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         1 for r in small for n in ("heuristic", *others) if r["planners"]["exhaustive"]["feasible"]
         and r["planners"][n]["samples_per_s"] > r["planners"]["exhaustive"]["samples_per_s"] * (1 + 1e-9))
     s["exhaustive_max_s"] = max((r["planners"]["exhaustive"]["plan_s"] for r in small), default=None)
+    slow_gaps = [(r["planners"]["exhaustive"]["samples_per_s"] / r["planners"]["heuristic"]["samples_per_s"] - 1
+                  if r["planners"]["heuristic"]["feasible"] else math.inf, f"{r['cluster']} {r['model']}")
+                 for r in results.get("slow", []) if r["planners"]["exhaustive"]["feasible"]]
+    s["slow_cases"] = len(results.get("slow", []))
+    s["slow_cases_exhaustive_feasible"] = len(slow_gaps)
+    s["slow_within_3pct"] = sum(1 for g, _ in slow_gaps if g <= 0.03)
+    s["slow_max_gap"] = max(slow_gaps)[0] if slow_gaps else None
+    s["slow_max_gap_case"] = max(slow_gaps)[1] if slow_gaps else None
     # the heuristic's planning time per cluster size, over the scaling runs and the suite
     scaling: dict[str, dict[str, float]] = {}
     timed = [(r["devices"], r["plan_s"], r["cpu_s"]) for r in results["scaling"]]
@@ -263,6 +314,9 @@ def markdown(summary: dict[str, Any], spec: SuiteSpec) -> str:
               + "others within 3 %: " + ", ".join(f"{n} {k}/{summary['small_cases_exhaustive_feasible']}"
                                                   for n, k in summary["small_within_3pct_by_planner"].items()
                                                   if n != "heuristic") + " |",
+              f"| within 3 % of exhaustive on slow-network small clusters | {summary.get('slow_within_3pct', '-')}/"
+              f"{summary.get('slow_cases_exhaustive_feasible', '-')}; max gap "
+              f"{_fmt(summary.get('slow_max_gap'), '.2%')} ({summary.get('slow_max_gap_case')}) |",
               f"| exhaustive never beaten on its clusters | beaten in {summary['small_exhaustive_beaten']} "
               f"planner-cases; exhaustive search took at most {_fmt(summary['exhaustive_max_s'], '.1f')} s |",
               f"| at least as good as ga ({spec.ga_factor:g}x time) | {summary['heuristic_at_least_ga']}/"

@@ -37,7 +37,19 @@ def test_summary_arithmetic():
                            "exhaustive": {"samples_per_s": 50.0, "feasible": True, "plan_s": 1.0}}}]
     scaling = [{"profile": "cee", "devices": 64, "model": "m", "plan_s": 1.5, "cpu_s": 1.2},
                {"profile": "geo", "devices": 64, "model": "m", "plan_s": 0.5, "cpu_s": 0.4}]
-    s = bench.summarize({"suite": suite, "small": small, "scaling": scaling})
+    slow = [{"cluster": "2xA100 0.5 Gbit/s", "model": "m",
+             "planners": {"heuristic": {"samples_per_s": 50.0, "feasible": True},
+                          "exhaustive": {"samples_per_s": 60.0, "feasible": True}}},
+            {"cluster": "cee-6-s0 x0.1", "model": "m",
+             "planners": {"heuristic": {"samples_per_s": 7.0, "feasible": True},
+                          "exhaustive": {"samples_per_s": 7.0, "feasible": True}}},
+            {"cluster": "geo-6-s0 x0.1", "model": "m",
+             "planners": {"heuristic": {"samples_per_s": 0.0, "feasible": False},
+                          "exhaustive": {"samples_per_s": 0.0, "feasible": False}}}]
+    s = bench.summarize({"suite": suite, "small": small, "scaling": scaling, "slow": slow})
+    assert s["slow_cases"] == 3 and s["slow_cases_exhaustive_feasible"] == 2 and s["slow_within_3pct"] == 1
+    assert s["slow_max_gap"] == pytest.approx(0.2) and s["slow_max_gap_case"] == "2xA100 0.5 Gbit/s m"
+    assert bench.summarize({"suite": suite, "small": small, "scaling": scaling})["slow_cases"] == 0  # older files
     assert s["speedup_vs_best_baseline"]["heuristic"]["cee"] == pytest.approx((4.0 * 3.0) ** 0.5)
     assert s["speedup_vs_best_baseline"]["heuristic"]["geo"] == pytest.approx(0.97)
     assert s["speedup_vs_best_baseline"]["heuristic"]["datacenter"] is None  # no feasible baseline
@@ -52,6 +64,8 @@ def test_summary_arithmetic():
     assert s["scaling"]["8"]["cases"] == 4  # the suite's cases count too
     table = bench.markdown(s, bench.full_spec())
     assert "| heuristic | 3.46x | 0.97x | - |" in table
+    assert "| within 3 % of exhaustive on slow-network small clusters | 1/2; max gap 20.00% (2xA100 0.5 Gbit/s m) |" \
+        in table
 
 
 @pytest.mark.slow
@@ -64,6 +78,7 @@ def test_quick_run_writes_results_and_logs(tmp_path):
     obj = json.loads(proc.stdout)
     s = obj["summary"]
     assert s["cases"] == 3 and s["small_cases"] == 3 and set(s["scaling"]) == {"8", "16"}
+    assert s["slow_cases"] == 5 and s["slow_within_3pct"] == s["slow_cases_exhaustive_feasible"] > 0
     assert s["small_exhaustive_beaten"] == 0
     assert s["heuristic_feasible"] == 3
     assert "planner bench" in proc.stderr  # the progress bar
