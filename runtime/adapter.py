@@ -256,9 +256,10 @@ def _losses(path: str, start: int, end: int) -> list[float]:
 
 def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> int:
     """Append the decisions not yet in the metrics file as ``adapt`` events (while no worker writes it)."""
-    with open(path, "a") as f:
-        for rec in records[written:]:
-            f.write(json.dumps({"event": "adapt", **rec}) + "\n")
+    if len(records) > written:  # no decision, no file touched (a run that failed early may have none)
+        with open(path, "a") as f:
+            for rec in records[written:]:
+                f.write(json.dumps({"event": "adapt", **rec}) + "\n")
     return len(records)
 
 
