@@ -52,17 +52,16 @@ def pipeline_plan(num_layers: int, batch: int) -> dict[str, Any]:
                                       {"devices": ["edge-0"], "layers": [cut, num_layers]}]}]}
 
 
-def _swap_when(metrics: Path, step: int, live: Path, slow: dict[str, Any], seen: dict[str, float]) -> None:
+def _swap_when(metrics: Path, step: int, live: Path, slow: dict[str, Any]) -> None:
     """Replace the live cluster file with `slow` once the run has logged iteration `step`."""
+    from spantrain.runtime.metrics import read_step_records
+
     deadline = time.monotonic() + 3600
     while time.monotonic() < deadline:
-        text = metrics.read_text() if metrics.exists() else ""
-        whole = text[:text.rfind("\n") + 1]
-        if any("loss" in r and r["step"] >= step for r in map(json.loads, whole.splitlines())):
+        if any(r["step"] >= step for r in read_step_records(metrics)):
             tmp = live.with_suffix(".tmp")
             tmp.write_text(yaml.safe_dump(slow, sort_keys=False))
             os.replace(tmp, live)  # one atomic change, as a careful monitor writes it
-            seen["changed_at"] = time.monotonic()
             return
         time.sleep(0.02)
 
@@ -85,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.change_at < args.steps - 2:
         ap.error("need 0 < --change-at < --steps - 2")
     from spantrain.cli import main as spantrain
+    from spantrain.runtime.metrics import read_step_records
     from spantrain.workload import load_workload
 
     workload = load_workload(args.model)
@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         live, plan_path, run_dir = tmp / "live.yaml", tmp / "plan.json", tmp / "run"
         live.write_text(yaml.safe_dump(spec, sort_keys=False))
         plan_path.write_text(json.dumps(pipeline_plan(workload.num_layers, workload.global_batch)))
-        seen: dict[str, float] = {}
-        threading.Thread(target=_swap_when, args=(run_dir / "metrics.jsonl", args.change_at, live, slow, seen),
+        threading.Thread(target=_swap_when, args=(run_dir / "metrics.jsonl", args.change_at, live, slow),
                          daemon=True).start()
         cmd = ["run", "--cluster", str(live), "--model", args.model, "--plan", str(plan_path), "--steps",
                str(args.steps), "--checkpoint-dir", str(tmp / "ckpt"), "--run-dir", str(run_dir), "--adapt",
@@ -113,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             raise SystemExit(f"adapt_live: the run failed: {err.getvalue().strip().splitlines()[-1]}")
         result = json.loads(out.getvalue())
-        steps = {r["step"]: r["step_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-                 if "loss" in r}
+        steps = {r["step"]: r["step_s"] for r in read_step_records(run_dir / "metrics.jsonl")}
     if not result["adaptations"] or not result["adaptations"][0]["switch"]:
         raise SystemExit("adapt_live: the run did not switch plans; see the notes:\n" + err.getvalue())
     decision = result["adaptations"][0]

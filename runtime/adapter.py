@@ -39,6 +39,7 @@ from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.runtime.config import RunConfig
+from spantrain.runtime.metrics import read_step_records
 
 __all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars"]
 
@@ -242,15 +243,7 @@ def _checkpoint_step(path: Path | None) -> int:
 
 def _losses(path: str, start: int, end: int) -> list[float]:
     """Loss of every iteration in (start, end], as last trained (iterations retrained after a kill count once)."""
-    by_step: dict[int, float] = {}
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # the last line of a killed writer
-                continue
-            if "loss" in rec and "step" in rec:
-                by_step[rec["step"]] = rec["loss"]
+    by_step = {rec["step"]: rec["loss"] for rec in read_step_records(path)}
     return [by_step[s] for s in range(start + 1, end + 1) if s in by_step]
 
 

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps"]
+__all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps",
+           "read_step_records"]
 
 DRIFT_FACTOR = 2.0
 """Slowdown (recent median step time / baseline median) that is reported as drift. High
@@ -97,6 +98,22 @@ def drift_message(event: dict[str, Any], cluster_file: str | None = None) -> str
                        "adapts its plan when the file changes")
     return what + ("re-measure them (spantrain profile) and adapt the plan (spantrain plan --from PLAN), then "
                    "continue with spantrain run --resume")
+
+
+def read_step_records(path: str | Path) -> list[dict[str, Any]]:
+    """The iteration records of a metrics file, in file order (events left out). Whole lines only: the
+    writer may be half-way through the last one, and a killed writer may have left one cut."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else ""
+    records = []
+    for line in text[:text.rfind("\n") + 1].splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "loss" in rec and "step" in rec:
+            records.append(rec)
+    return records
 
 
 class MetricsLog:

@@ -136,15 +136,12 @@ def rewrite(path: Path, spec: dict[str, Any]) -> None:
 
 def rewrite_after_step(metrics: Path, cluster: Path, step: int, spec: dict[str, Any]) -> threading.Thread:
     """In the background: `rewrite` the cluster file once the run has logged iteration `step` (`--adapt` tests)."""
-    def reached() -> bool:
-        text = metrics.read_text() if metrics.exists() else ""
-        whole = text[:text.rfind("\n") + 1]  # the writer may be half-way through a line
-        return any("loss" in rec and rec["step"] >= step for rec in map(json.loads, whole.splitlines()))
+    from spantrain.runtime.metrics import read_step_records
 
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if reached():
+            if any(rec["step"] >= step for rec in read_step_records(metrics)):
                 rewrite(cluster, spec)
                 return
             time.sleep(0.01)
