@@ -22,10 +22,10 @@ def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
     model.write_text(json.dumps(MODEL))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert adapt_live.main(["--json", "--mode", "none", "--steps", "12", "--change-at", "3", "--model", str(model),
+        assert adapt_live.main(["--json", "--mode", "none", "--steps", "40", "--change-at", "3", "--model", str(model),
                                 "--planner", "heuristic"]) == 0
     fig = json.loads(out.getvalue())
-    assert fig["chosen"] == "heuristic" and 3 < fig["switched_at"] < 12 and fig["losses_complete"]
+    assert fig["chosen"] == "heuristic" and 3 < fig["switched_at"] < 40 and fig["losses_complete"]
     assert "edge-0" not in fig["new_devices"]  # off the slowed cloud-edge link
     keep = next(o for o in fig["options"] if o["name"] == "keep")
     assert keep["iteration_s"] > 100 * min(o["iteration_s"] for o in fig["options"])
