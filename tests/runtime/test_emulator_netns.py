@@ -117,8 +117,8 @@ def test_links_are_shaped_to_the_spec_and_everything_is_removed():
     assert _leftovers(run_id) == []
 
 
-# Rank 1 sends to rank 0 for a second, says so, waits for the go, sends for another second;
-# rank 0 prints the Mbit/s of each of the two transfers.
+# Rank 1 sends to rank 0 for two seconds (as the shaping test does: slow start and timer slack fade),
+# says so, waits for the go, sends for two more; rank 0 prints the Mbit/s of each of the two transfers.
 TWO_PHASES = """
 import json, os, socket, sys, time
 from pathlib import Path
@@ -144,7 +144,7 @@ else:
             except OSError:
                 time.sleep(0.05)
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 1.0: c.sendall(b"x" * 16384)
+        while time.perf_counter() - t0 < 2.0: c.sendall(b"x" * 65536)
         c.close()
         (here / "sent").touch()
 """
