@@ -46,7 +46,13 @@
    two stages): refined under 1F1B, a pipeline over slow links sheds its devices down to
    a few or one, each stage only adding bubbles, where under the nearly bubble-free ZB-H2
    the longer pipeline wins (four A100s on a 0.5 Gbit/s LAN, gpt2-xl: two of them, 3.54 s
-   against one alone, 4.50 s). Both plans get the final steps; the better is kept.
+   against one alone, 4.50 s). Steps 3-5 also run under GPipe: from scratch on clusters of
+   up to 24 devices, from the best plan's structure on larger ones once tuning picked
+   GPipe. On high-latency links 1F1B and the zero-bubble schedules wait a round trip per
+   micro-batch where GPipe streams them, so only under GPipe do longer pipelines pay
+   (three A100s on a 100 Gbit/s, 20 ms LAN, gpt2-medium: one three-stage GPipe pipeline,
+   0.459 s, against 0.535 s for the structures 1F1B prefers). Every plan these passes
+   find gets the final steps; the best is kept.
 7. **Order and trim** long pipelines (11-16 stages, where step 4 moves single devices
    only by dropping them): under the final knobs, while it helps, swap two devices or
    move one elsewhere in its pipeline, drop any device, trim a network group's run of
@@ -113,9 +119,11 @@ class HeuristicConfig:
 
 _PROBE = Knobs(micro_batch_size=1, schedule="1f1b", sync="hierarchical")
 _ZB_PROBE = Knobs(micro_batch_size=1, schedule="zb-h2", sync="hierarchical")
-_ZB_PASS_DEVICES = 24
-"""Clusters up to this size always get the ZB-H2 structure pass (step 6); larger ones only when the
-best plan so far has no pipeline of two stages (the pass costs up to 1.5x planning time at 64 devices)."""
+_GPIPE_PROBE = Knobs(micro_batch_size=1, schedule="gpipe", sync="hierarchical")
+_EXTRA_PASS_DEVICES = 24
+"""Clusters up to this size always get the ZB-H2 and GPipe structure passes (step 6); larger ones only
+the ZB-H2 pass, when the best plan so far has no pipeline of two stages (a pass costs up to 1.5x
+planning time at 64 devices)."""
 
 
 class HeuristicPlanner:
@@ -155,18 +163,27 @@ class HeuristicPlanner:
             second = Knobs(micro_batch_size=1, schedule="zb-h1", sync=_PROBE.sync)
         else:
             second = None
+        gpipe_searched = False
         if best.feasible and second is not None:
-            again, _, _ = self._pass(search, second, origin)
+            again, _, again_origin = self._pass(search, second, origin)
+            gpipe_searched = second.schedule == "gpipe"
             if again.rank < best.rank:
-                best = again
+                best, origin = again, again_origin
         finals = [best]
-        if best.feasible and best.knobs.schedule != "zb-h2" and (
-                len(search.ev.cluster) <= _ZB_PASS_DEVICES or all(len(p) == 1 for p in best.layout)):
+        small = len(search.ev.cluster) <= _EXTRA_PASS_DEVICES
+        if best.feasible and best.knobs.schedule != "zb-h2" and (small or all(len(p) == 1 for p in best.layout)):
             # Refined under 1F1B, a pipeline over slow links sheds devices down to few stages or one, each
             # stage only adding bubbles; under ZB-H2, nearly bubble-free, the longer pipeline can win.
             again, _, _ = self._pass(search, _ZB_PROBE, None)
             if again.rank < best.rank:
-                finals.append(again)  # both get the final steps: they need not keep their order
+                finals.append(again)  # all get the final steps: they need not keep their order
+        if best.feasible and not gpipe_searched and (small or best.knobs.schedule == "gpipe"):
+            # On high-latency links 1F1B and the zero-bubble schedules wait a round trip per micro-batch
+            # where GPipe streams them: longer pipelines pay under GPipe only. Small clusters search
+            # from scratch; large ones from the best plan's structure, once tuning has picked GPipe.
+            again, _, _ = self._pass(search, _GPIPE_PROBE, None if small else origin)
+            if again.rank < min(c.rank for c in finals):
+                finals.append(again)
         best = min((self._order_long_pipelines(search, self._final_refine(search, c)) for c in finals),
                    key=lambda c: c.rank)
         self.stats = {"plan_s": time.perf_counter() - t0, "cost_model_calls": ev.calls, "units": len(search.units)}

@@ -79,6 +79,18 @@ def test_heuristic_keeps_a_short_zero_bubble_pipeline_over_a_slow_lan():
     assert h.plan.schedule == "zb-h2" and len(h.plan.pipelines[0].stages) == 2
 
 
+def test_heuristic_lengthens_pipelines_under_gpipe_on_high_latency_links():
+    # three A100s on a 100 Gbit/s, 20 ms LAN, gpt2-medium: 1F1B waits a round trip per micro-batch, so
+    # under it the search keeps short pipelines (0.535 s); GPipe streams the micro-batches and one
+    # pipeline through all three wins, as exhaustive search finds (0.459 s)
+    cluster = region_cluster({"lan": (3, 150, 40, 100)}, 1.0, lan_latency_ms=20.0, name="far-lan")
+    workload = Workload.from_preset("gpt2-medium")
+    h = run_planner("heuristic", cluster, workload)
+    best = run_planner("exhaustive", cluster, workload)
+    assert h.iteration_s == pytest.approx(best.iteration_s, rel=1e-6)
+    assert h.plan.schedule == "gpipe" and len(h.plan.pipelines[0].stages) == 3
+
+
 def test_heuristic_ties_ddp_on_a_uniform_fast_cluster(uniform_cluster):
     # a small model and a big batch: gradients hide behind backward, pipelines only add bubbles
     workload = Workload.from_preset("gpt2-small", global_batch=256)
