@@ -1,6 +1,6 @@
 """Benchmark the planners on generated clusters.
 
-Three parts, all with fixed seeds:
+Five parts, all with fixed seeds:
 
 - **suite**: clusters of 8, 12, 16, 24, 32, 48 and 64 devices, seeds 0-2, every
   generator profile (cee, geo, datacenter): 63 clusters x gpt2-medium, gpt2-xl and
@@ -16,6 +16,11 @@ Three parts, all with fixed seeds:
   clusters of seeds 0-3 of every profile with every bandwidth x0.1 and x0.01, and one-region
   clusters of 2-4 A100s or RTX 3090s on a 0.1-5 Gbit/s LAN, x the three models (where a
   unit's own links are slow, few of its devices can beat all of them and one alone).
+- **far**: small clusters on high-latency LANs, heuristic against exhaustive: the 6- and
+  7-device clusters of seeds 0-3 of every profile with every link inside a region x50
+  and x200 in latency (up to 1 ms becomes up to 50 and 200 ms), x the three models
+  (1F1B waits a round trip per micro-batch where GPipe streams them, so the schedule
+  decides how long the pipelines should be).
 - **scaling**: the heuristic's planning time (wall and CPU seconds) on 8, 64, 256 and
   1024 devices of every profile, for gpt2-medium and llama2-7b.
 
@@ -32,6 +37,7 @@ Usage: python experiments/bench_planners.py [--json] [--quick] [--out DIR] [--no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -42,7 +48,8 @@ from typing import Any
 
 from spantrain.experiments.plotting import save_figure
 
-__all__ = ["SuiteSpec", "full_spec", "quick_spec", "slow_clusters", "run", "summarize", "markdown", "main"]
+__all__ = ["SuiteSpec", "full_spec", "quick_spec", "slow_clusters", "far_clusters", "run", "summarize", "markdown",
+           "main"]
 
 PROFILES = ("cee", "geo", "datacenter")
 MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
@@ -54,39 +61,64 @@ TIE = 1e-3
 ROOT = Path(__file__).resolve().parent
 
 
+@dataclasses.dataclass(kw_only=True)
 class SuiteSpec:
-    """Which cases a run covers."""
+    """Which cases a run covers (sequences are kept as tuples, so a spec read back from
+    JSON equals the one that was written)."""
 
-    def __init__(self, *, suite_sizes, suite_seeds, small_sizes, small_seeds, scaling_sizes, models,
-                 scaling_models, ga_factor=GA_FACTOR, slow_seeds=(), slow_scales=(), lan_counts=(), lan_gbps=()):
-        self.suite_sizes = tuple(suite_sizes)
-        self.suite_seeds = tuple(suite_seeds)
-        self.small_sizes = tuple(small_sizes)
-        self.small_seeds = tuple(small_seeds)
-        self.scaling_sizes = tuple(scaling_sizes)
-        self.models = tuple(models)
-        self.scaling_models = tuple(scaling_models)
-        self.ga_factor = ga_factor
-        self.slow_seeds = tuple(slow_seeds)
-        self.slow_scales = tuple(slow_scales)
-        self.lan_counts = tuple(lan_counts)
-        self.lan_gbps = tuple(lan_gbps)
+    suite_sizes: tuple[int, ...]
+    """Cluster sizes of the suite part."""
+    suite_seeds: tuple[int, ...]
+    """Generator seeds of the suite part."""
+    small_sizes: tuple[int, ...]
+    """Cluster sizes of the small part (against exhaustive search)."""
+    small_seeds: tuple[int, ...]
+    """Generator seeds of the small part."""
+    scaling_sizes: tuple[int, ...]
+    """Cluster sizes of the scaling part (planning time)."""
+    models: tuple[str, ...]
+    """Workload presets of every part but scaling."""
+    scaling_models: tuple[str, ...]
+    """Workload presets of the scaling part."""
+    ga_factor: float = GA_FACTOR
+    """ga's time budget as a multiple of the heuristic's planning time."""
+    slow_seeds: tuple[int, ...] = ()
+    """Generator seeds of the slow part's 6-device clusters."""
+    slow_scales: tuple[float, ...] = ()
+    """Bandwidth factors of the slow part."""
+    lan_counts: tuple[int, ...] = ()
+    """GPU counts of the slow part's one-region LANs."""
+    lan_gbps: tuple[float, ...] = ()
+    """Bandwidths of the slow part's one-region LANs."""
+    far_sizes: tuple[int, ...] = ()
+    """Cluster sizes of the far (high-latency) part."""
+    far_seeds: tuple[int, ...] = ()
+    """Generator seeds of the far part."""
+    far_scales: tuple[float, ...] = ()
+    """Latency factors of the far part's links inside regions."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "ga_factor":
+                setattr(self, f.name, tuple(getattr(self, f.name)))
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return dataclasses.asdict(self)
 
 
 def full_spec() -> SuiteSpec:
     return SuiteSpec(suite_sizes=(8, 12, 16, 24, 32, 48, 64), suite_seeds=(0, 1, 2), small_sizes=(6, 7, 8),
                      small_seeds=(0, 1), scaling_sizes=(8, 64, 256, 1024), models=MODELS,
                      scaling_models=("gpt2-medium", "llama2-7b"), slow_seeds=(0, 1, 2, 3), slow_scales=(0.1, 0.01),
-                     lan_counts=(2, 3, 4), lan_gbps=(0.1, 0.5, 1, 2, 5))
+                     lan_counts=(2, 3, 4), lan_gbps=(0.1, 0.5, 1, 2, 5), far_sizes=(6, 7), far_seeds=(0, 1, 2, 3),
+                     far_scales=(50, 200))
 
 
 def quick_spec() -> SuiteSpec:
     return SuiteSpec(suite_sizes=(8,), suite_seeds=(0,), small_sizes=(6,), small_seeds=(0,), scaling_sizes=(8, 16),
                      models=("gpt2-medium",), scaling_models=("gpt2-medium",), ga_factor=2.0, slow_seeds=(0,),
-                     slow_scales=(0.01,), lan_counts=(2,), lan_gbps=(0.5,))
+                     slow_scales=(0.01,), lan_counts=(2,), lan_gbps=(0.5,), far_sizes=(6,), far_seeds=(0,),
+                     far_scales=(200,))
 
 
 # ---- running -------------------------------------------------------------------------------
@@ -117,6 +149,25 @@ def slow_clusters(spec: SuiteSpec) -> list[tuple[str, Any]]:
     return out
 
 
+def far_clusters(spec: SuiteSpec) -> list[tuple[str, Any]]:
+    """(name, cluster) of the far part: generated clusters whose links inside each region
+    answer `far_scales` times slower (links across regions as generated)."""
+    import numpy as np
+
+    from spantrain.profiler.topology import generate
+
+    out = []
+    for profile in PROFILES:
+        for n in spec.far_sizes:
+            for seed in spec.far_seeds:
+                base = generate(n, seed, profile)
+                regions = np.array([d.region for d in base.devices])
+                inside = regions[:, None] == regions[None, :]
+                for scale in spec.far_scales:
+                    out.append((f"{profile}-{n}-s{seed} LAN latency x{scale:g}",
+                                base.with_arrays(latency=np.where(inside, base.latency * scale, base.latency))))
+    return out
+
 
 def _result_row(r) -> dict[str, Any]:
     row = {"feasible": r.feasible, "samples_per_s": r.samples_per_s, "iteration_s": r.iteration_s,
@@ -142,10 +193,11 @@ def run(spec: SuiteSpec, progress: bool = True) -> dict[str, Any]:
     small_cases = [(p, n, s, m) for p in PROFILES for n in spec.small_sizes for s in spec.small_seeds
                    for m in spec.models]
     scaling_cases = [(p, n, 0, m) for n in spec.scaling_sizes for p in PROFILES for m in spec.scaling_models]
-    slow_cases = [(name, c, m) for name, c in slow_clusters(spec) for m in spec.models]
-    total = len(suite_cases) + len(small_cases) + len(slow_cases) + len(scaling_cases)
+    against_exhaustive = [("slow", name, c, m) for name, c in slow_clusters(spec) for m in spec.models]
+    against_exhaustive += [("far", name, c, m) for name, c in far_clusters(spec) for m in spec.models]
+    total = len(suite_cases) + len(small_cases) + len(against_exhaustive) + len(scaling_cases)
     bar = tqdm(total=total, file=sys.stderr, disable=not progress, desc="planner bench", unit="case")
-    out: dict[str, list] = {"suite": [], "small": [], "slow": [], "scaling": []}
+    out: dict[str, list] = {"suite": [], "small": [], "slow": [], "far": [], "scaling": []}
     for profile, n, seed, model in suite_cases:
         bar.set_postfix_str(f"suite {profile}-{n}-s{seed} {model}")
         cluster, workload = generate(n, seed, profile), Workload.from_preset(model)
@@ -167,10 +219,10 @@ def run(spec: SuiteSpec, progress: bool = True) -> dict[str, Any]:
         row["planners"]["ga"] = _result_row(run_planner("ga", cluster, workload, budget_s=budget))
         out["small"].append(row)
         bar.update()
-    for name, cluster, model in slow_cases:
-        bar.set_postfix_str(f"slow {name} {model}")
+    for part, name, cluster, model in against_exhaustive:
+        bar.set_postfix_str(f"{part} {name} {model}")
         workload = Workload.from_preset(model)
-        out["slow"].append({"cluster": name, "model": model, "planners": {
+        out[part].append({"cluster": name, "model": model, "planners": {
             p: _result_row(run_planner(p, cluster, workload)) for p in ("heuristic", "exhaustive")}})
         bar.update()
     for profile, n, seed, model in scaling_cases:
@@ -258,14 +310,15 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         1 for r in small for n in ("heuristic", *others) if r["planners"]["exhaustive"]["feasible"]
         and r["planners"][n]["samples_per_s"] > r["planners"]["exhaustive"]["samples_per_s"] * (1 + 1e-9))
     s["exhaustive_max_s"] = max((r["planners"]["exhaustive"]["plan_s"] for r in small), default=None)
-    slow_gaps = [(r["planners"]["exhaustive"]["samples_per_s"] / r["planners"]["heuristic"]["samples_per_s"] - 1
-                  if r["planners"]["heuristic"]["feasible"] else math.inf, f"{r['cluster']} {r['model']}")
-                 for r in results.get("slow", []) if r["planners"]["exhaustive"]["feasible"]]
-    s["slow_cases"] = len(results.get("slow", []))
-    s["slow_cases_exhaustive_feasible"] = len(slow_gaps)
-    s["slow_within_3pct"] = sum(1 for g, _ in slow_gaps if g <= 0.03)
-    s["slow_max_gap"] = max(slow_gaps)[0] if slow_gaps else None
-    s["slow_max_gap_case"] = max(slow_gaps)[1] if slow_gaps else None
+    for part in ("slow", "far"):
+        gaps_of = [(r["planners"]["exhaustive"]["samples_per_s"] / r["planners"]["heuristic"]["samples_per_s"] - 1
+                    if r["planners"]["heuristic"]["feasible"] else math.inf, f"{r['cluster']} {r['model']}")
+                   for r in results.get(part, []) if r["planners"]["exhaustive"]["feasible"]]
+        s[f"{part}_cases"] = len(results.get(part, []))
+        s[f"{part}_cases_exhaustive_feasible"] = len(gaps_of)
+        s[f"{part}_within_3pct"] = sum(1 for g, _ in gaps_of if g <= 0.03)
+        s[f"{part}_max_gap"] = max(gaps_of)[0] if gaps_of else None
+        s[f"{part}_max_gap_case"] = max(gaps_of)[1] if gaps_of else None
     # the heuristic's planning time per cluster size, over the scaling runs and the suite
     scaling: dict[str, dict[str, float]] = {}
     timed = [(r["devices"], r["plan_s"], r["cpu_s"]) for r in results["scaling"]]
@@ -317,6 +370,9 @@ def markdown(summary: dict[str, Any], spec: SuiteSpec) -> str:
               f"| within 3 % of exhaustive on slow-network small clusters | {summary.get('slow_within_3pct', '-')}/"
               f"{summary.get('slow_cases_exhaustive_feasible', '-')}; max gap "
               f"{_fmt(summary.get('slow_max_gap'), '.2%')} ({summary.get('slow_max_gap_case')}) |",
+              f"| within 3 % of exhaustive on high-latency small clusters | {summary.get('far_within_3pct', '-')}/"
+              f"{summary.get('far_cases_exhaustive_feasible', '-')}; max gap "
+              f"{_fmt(summary.get('far_max_gap'), '.2%')} ({summary.get('far_max_gap_case')}) |",
               f"| exhaustive never beaten on its clusters | beaten in {summary['small_exhaustive_beaten']} "
               f"planner-cases; exhaustive search took at most {_fmt(summary['exhaustive_max_s'], '.1f')} s |",
               f"| at least as good as ga ({spec.ga_factor:g}x time) | {summary['heuristic_at_least_ga']}/"

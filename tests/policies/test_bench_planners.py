@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,10 +47,15 @@ def test_summary_arithmetic():
             {"cluster": "geo-6-s0 x0.1", "model": "m",
              "planners": {"heuristic": {"samples_per_s": 0.0, "feasible": False},
                           "exhaustive": {"samples_per_s": 0.0, "feasible": False}}}]
-    s = bench.summarize({"suite": suite, "small": small, "scaling": scaling, "slow": slow})
+    far = [{"cluster": "geo-7-s1 LAN latency x200", "model": "m",
+            "planners": {"heuristic": {"samples_per_s": 0.0, "feasible": False},
+                         "exhaustive": {"samples_per_s": 5.0, "feasible": True}}}]
+    s = bench.summarize({"suite": suite, "small": small, "scaling": scaling, "slow": slow, "far": far})
     assert s["slow_cases"] == 3 and s["slow_cases_exhaustive_feasible"] == 2 and s["slow_within_3pct"] == 1
     assert s["slow_max_gap"] == pytest.approx(0.2) and s["slow_max_gap_case"] == "2xA100 0.5 Gbit/s m"
-    assert bench.summarize({"suite": suite, "small": small, "scaling": scaling})["slow_cases"] == 0  # older files
+    assert s["far_cases"] == 1 and s["far_within_3pct"] == 0 and s["far_max_gap"] == math.inf
+    older = bench.summarize({"suite": suite, "small": small, "scaling": scaling})  # files before these parts
+    assert older["slow_cases"] == 0 and older["far_cases"] == 0
     assert s["speedup_vs_best_baseline"]["heuristic"]["cee"] == pytest.approx((4.0 * 3.0) ** 0.5)
     assert s["speedup_vs_best_baseline"]["heuristic"]["geo"] == pytest.approx(0.97)
     assert s["speedup_vs_best_baseline"]["heuristic"]["datacenter"] is None  # no feasible baseline
@@ -66,6 +72,8 @@ def test_summary_arithmetic():
     assert "| heuristic | 3.46x | 0.97x | - |" in table
     assert "| within 3 % of exhaustive on slow-network small clusters | 1/2; max gap 20.00% (2xA100 0.5 Gbit/s m) |" \
         in table
+    assert ("| within 3 % of exhaustive on high-latency small clusters | 0/1; max gap inf% "
+            "(geo-7-s1 LAN latency x200 m) |") in table
 
 
 @pytest.mark.slow
@@ -79,6 +87,7 @@ def test_quick_run_writes_results_and_logs(tmp_path):
     s = obj["summary"]
     assert s["cases"] == 3 and s["small_cases"] == 3 and set(s["scaling"]) == {"8", "16"}
     assert s["slow_cases"] == 5 and s["slow_within_3pct"] == s["slow_cases_exhaustive_feasible"] > 0
+    assert s["far_cases"] == 3 and s["far_within_3pct"] == s["far_cases_exhaustive_feasible"] > 0
     assert s["small_exhaustive_beaten"] == 0
     assert s["heuristic_feasible"] == 3
     assert "planner bench" in proc.stderr  # the progress bar
