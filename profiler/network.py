@@ -10,18 +10,20 @@ per-message latency injected through `delay_before_send` exactly as the runtime'
 transport does (a no-op when not emulated):
 
 - **latency**: ping-pong of one-element messages after one warm-up; one-way latency =
-  the lower decile of the round trips / 2 (the two directions cannot be told apart
-  without synchronized clocks, so both get it). A low quantile, like ping's minimum,
-  keeps the link's latency and drops the wake-up delays a busy machine adds to some
-  round trips (on the shared 2-core test machine the median ran 0.2-0.3 ms above the
-  lower decile); fixed per-message costs are the cost model's calibration, not the link's.
+  the shortest round trip / 2 (the two directions cannot be told apart without
+  synchronized clocks, so both get it). The minimum, like ping's, keeps the link's
+  latency and drops the wake-up delays a busy machine adds to round trips, which only
+  ever lengthen them: on the shared 2-core test machine the median ran 0.2-0.3 ms above
+  the lower decile, and once a whole window ran 0.6 ms slow at the decile (a 2 ms link
+  measured 2.64 ms). Fixed per-message costs are the cost model's calibration, not the
+  link's.
 - **bandwidth**, each direction in turn: probes of doubling size (from 16 kB) until one
-  takes 50 ms, then two messages sized to last `transfer_s` at the probed rate (capped
+  takes 50 ms, then three messages sized to last `transfer_s` at the probed rate (capped
   at 256 MB). The receiver acknowledges each with one element; bandwidth = bytes /
   (elapsed - round trip), which removes both messages' latency and the fixed
-  per-message cost. The better of the two counts: on a busy machine a device descheduled
+  per-message cost. The best of the three counts: on a busy machine a device descheduled
   mid-transfer only ever slows a transfer down (one such stall cost 15 % on a 50 Mbit/s
-  pair), never speeds it up.
+  pair; once both of two back-to-back transfers ran 17 % slow), never speeds it up.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _PROBE_START = 16 * 1024
 _PROBE_ENOUGH_S = 0.05
 _MAX_MESSAGE = 256 * 1024 * 1024
 _MIN_PINGS, _MAX_PINGS = 5, 200
-_TIMED = 2
+_TIMED = 3
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
@@ -72,7 +74,7 @@ class PairMeasurement:
 
 
 def _ping_pong(dist, torch, me: int, peer: int, first: bool, slot_s: float) -> float:
-    """Lower-decile round trip over pings that fit `slot_s` (the side with `first` starts and times)."""
+    """Shortest round trip over pings that fit `slot_s` (the side with `first` starts and times)."""
     x = torch.zeros(1)
     rtts = []
     t_start = time.perf_counter()
@@ -95,8 +97,7 @@ def _ping_pong(dist, torch, me: int, peer: int, first: bool, slot_s: float) -> f
                 break
             delay_before_send(me, peer)
             dist.send(x, peer)
-    rtts.sort()
-    return rtts[len(rtts) // 10] if rtts else 0.0
+    return min(rtts, default=0.0)
 
 
 def _timed_send(dist, torch, me: int, peer: int, nbytes: int) -> float:
