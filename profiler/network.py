@@ -14,9 +14,8 @@ transport does (a no-op when not emulated):
   synchronized clocks, so both get it). The minimum, like ping's, keeps the link's
   latency and drops the wake-up delays a busy machine adds to round trips, which only
   ever lengthen them: on the shared 2-core test machine the median ran 0.2-0.3 ms above
-  the lower decile, and once a whole window ran 0.6 ms slow at the decile (a 2 ms link
-  measured 2.64 ms). Fixed per-message costs are the cost model's calibration, not the
-  link's.
+  the lower decile, and once, on a loaded machine, the decile put a 2 ms link at 2.64 ms.
+  Fixed per-message costs are the cost model's calibration, not the link's.
 - **bandwidth**, each direction in turn: probes of doubling size (from 16 kB) until one
   takes 50 ms, then three messages sized to last `transfer_s` at the probed rate (capped
   at 256 MB). The receiver acknowledges each with one element; bandwidth = bytes /
