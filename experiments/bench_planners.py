@@ -161,7 +161,7 @@ def far_clusters(spec: SuiteSpec) -> list[tuple[str, Any]]:
         for n in spec.far_sizes:
             for seed in spec.far_seeds:
                 base = generate(n, seed, profile)
-                regions = np.array([d.region for d in base.devices])
+                regions = base.region_index
                 inside = regions[:, None] == regions[None, :]
                 for scale in spec.far_scales:
                     out.append((f"{profile}-{n}-s{seed} LAN latency x{scale:g}",

@@ -32,13 +32,14 @@ from dataclasses import dataclass
 
 from spantrain.runtime.emulator.latency import delay_before_send
 
-__all__ = ["round_robin", "PairMeasurement", "measure_pair"]
+__all__ = ["TIMED_TRANSFERS", "round_robin", "PairMeasurement", "measure_pair"]
 
 _PROBE_START = 16 * 1024
 _PROBE_ENOUGH_S = 0.05
 _MAX_MESSAGE = 256 * 1024 * 1024
 _MIN_PINGS, _MAX_PINGS = 5, 200
-_TIMED = 3
+TIMED_TRANSFERS = 3
+"""Timed messages per direction after the probes; the best counts (module docstring)."""
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
@@ -138,7 +139,7 @@ def _send_bandwidth(dist, torch, me: int, peer: int, rtt: float, transfer_s: flo
         nbytes *= 2
     if net < transfer_s * 0.9:
         nbytes = int(min(_MAX_MESSAGE, max(nbytes, rate * transfer_s)))
-        rate = max(nbytes / max(_timed_send(dist, torch, me, peer, nbytes) - rtt, 1e-6) for _ in range(_TIMED))
+        rate = max(nbytes / max(_timed_send(dist, torch, me, peer, nbytes) - rtt, 1e-6) for _ in range(TIMED_TRANSFERS))
     dist.send(torch.zeros(1, dtype=torch.int64), peer)  # done
     return rate
 

@@ -13,8 +13,8 @@ rank 0 broadcasting its length so all ranks run them together:
    is left);
 2. network: the round-robin rounds of `spantrain.profiler.network`, each a slot of
    what is left divided by the rounds; a pair spends up to 15 % of its slot on
-   ping-pongs and lets each of a direction's three timed messages last up to a sixth of
-   it (at most `TRANSFER_S`).
+   ping-pongs, and each of its 2 x `TIMED_TRANSFERS` timed messages (both directions)
+   lasts up to 1 / (2 x `TIMED_TRANSFERS`) of the slot (at most `TRANSFER_S`).
 
 Results are gathered on rank 0, which groups the devices and returns the `Profile`;
 other ranks return None.
@@ -36,7 +36,7 @@ from spantrain.errors import ExecutionError
 from spantrain.profiler.assemble import DeviceMeasurement, Profile, assemble
 from spantrain.profiler.compute import measure_compute
 from spantrain.profiler.memory import memory_bytes
-from spantrain.profiler.network import measure_pair, round_robin
+from spantrain.profiler.network import TIMED_TRANSFERS, measure_pair, round_robin
 from spantrain.workload import Workload
 
 __all__ = ["COMPUTE_SHARE", "TRANSFER_S", "identity", "process_start", "profile_rank"]
@@ -135,7 +135,7 @@ def profile_rank(workload: Workload, *, budget_s: float, micro_batch: int | None
             for a, b in round_pairs:
                 if rank in (a, b):
                     m = measure_pair(dist, torch, rank, a, b, latency_slot_s=0.15 * slot_s,
-                                     transfer_s=min(TRANSFER_S, slot_s / 6))
+                                     transfer_s=min(TRANSFER_S, slot_s / (2 * TIMED_TRANSFERS)))
                     if m is not None:
                         pairs.append(m)
             say(f"profile: round {k + 1}/{len(rounds)} done, {time.monotonic() - t_net:.1f} s into the network phase")
