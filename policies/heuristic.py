@@ -64,7 +64,7 @@
 8. **Lockstep** moves (`spantrain.policies.lockstep`): units enter a plan whole and
    each pipeline runs its units' chunks in chain order, so two kinds of plan lie outside
    steps 3-7: part of a unit (one more V100 in front of each of four pipelines, four of a
-   site's eight: 16.8 % faster on a 64-device cloud-edge-end cluster with gpt2-xl), and
+   site's seven: 16.8 % faster on a 64-device cloud-edge-end cluster with gpt2-xl), and
    device classes interleaved along a pipeline rather than in blocks (3.6 % on another,
    gpt2-medium). Single-device moves do not reach them, since the data-parallel pipelines
    must change together to stay balanced: a move here changes every pipeline of one class
@@ -291,7 +291,6 @@ class HeuristicPlanner:
             return best
         tuned, _ = tune_knobs(ev, ev.balance(cur.layout, cur.knobs, shares=cur.shares), self.config.allow_local_sgd)
         return tuned if tuned.rank < best.rank else best
-
 
     def _lockstep(self, ev: Evaluator, best: Candidate) -> Candidate:
         """Step 8 of the module docstring: lockstep moves on the pipelines of one class

@@ -9,7 +9,7 @@ either, because the data-parallel pipelines must all change together to stay bal
   as two blocks, where an interleaved order cuts the layers more evenly (3.6 % on a
   64-device cloud-edge-end cluster with gpt2-medium);
 - **part of a unit**: one more device in front of each of four pipelines, four of a
-  site's eight V100s, where the whole unit dealt in does not pay (16.8 % on another
+  site's seven V100s, where the whole unit dealt in does not pay (16.8 % on another
   64-device cloud-edge-end cluster with gpt2-xl).
 
 `lockstep_refine` searches those plans directly. Pipelines with the same sequence of
