@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from spantrain.env.evaluator import Evaluator
-from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers, network_change, simple_start
+from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, as_running, held_layers, network_change, simple_start
 from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
 from spantrain.policies.adapt import adapt_plan
@@ -168,7 +168,7 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
             continue
         changed, what = network_change(cluster, rng)
         ev = Evaluator(changed, workload)
-        now = ev.evaluate(running.layout, running.shares, running.knobs)
+        now = as_running(ev, running)
         scenario = Scenario(key=(profile, n, seed, model), cluster=changed, workload=workload, evaluator=ev,
                             start=now, running=held_layers(running, workload.num_layers), change=what)
         env = PlanEnv(EnvConfig(max_devices=n, min_devices=2, horizon=int(settings.get("horizon", 500))))

@@ -8,13 +8,14 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-from spantrain.env.evaluator import Evaluator
+from spantrain.env.evaluator import Evaluator, Knobs
 from spantrain.env.moves import apply_move
 from spantrain.env.plan_env import (
     ENV_ID,
     EnvConfig,
     PlanEnv,
     Scenario,
+    as_running,
     held_layers,
     network_change,
     simple_start,
@@ -136,6 +137,41 @@ def test_adaptation_counts_migration_and_network_change_is_real():
     flipped = ev.balance(tuple(tuple(reversed(p)) for p in start.layout), start.knobs)
     if flipped.layout != start.layout:
         assert env.migration_s(flipped) > 0
+
+
+def test_adaptation_episodes_start_from_the_running_plan_as_it_runs():
+    """Not re-partitioned for the changed links: the cuts that run, at no migration, scored
+    as `plan --from` scores keeping the plan."""
+    from spantrain.policies.adapt import candidate_from_plan
+
+    env = PlanEnv(EnvConfig(max_devices=16, min_devices=8, adapt_prob=1.0))
+    for seed in range(8):
+        env.reset(seed=seed)
+        s = env.scenario
+        assert s.running is not None
+        assert held_layers(s.start, s.workload.num_layers) == s.running
+        assert env.migration_s(s.start) == 0.0
+        kept = candidate_from_plan(s.evaluator, s.evaluator.to_plan(s.start))
+        assert s.start.time == pytest.approx(kept.time, rel=1e-12)
+
+
+def test_as_running_keeps_the_cuts_the_partitioner_would_change():
+    # geo-12 seed 4, gpt2-xl, one pipeline through 8 devices; then the link between its 3rd and
+    # 4th device slows 100x. Re-partitioned for the new links it would be slower (5.24 s) than
+    # the cuts that run (4.55 s): the plan that runs is the one to score.
+    cluster = generate(12, seed=4, profile="geo")
+    w = Workload.from_preset("gpt2-xl")
+    running = Evaluator(cluster, w).balance(((0, 1, 2, 3, 4, 5, 6, 7),),
+                                            Knobs(micro_batch_size=1, schedule="1f1b", sync="allreduce"))
+    bw = np.asarray(cluster.bandwidth).copy()
+    bw[2, 3] *= 0.01
+    bw[3, 2] *= 0.01
+    slower = Evaluator(cluster.with_arrays(bandwidth=bw), w)
+    now = as_running(slower, running)
+    assert now.built == running.built and now.layout == running.layout and now.shares == running.shares
+    assert now.time > running.time  # scored on the slowed link
+    repartitioned = slower.evaluate(running.layout, running.shares, running.knobs)
+    assert repartitioned.built != running.built and repartitioned.time > 1.1 * now.time
 
 
 def test_kicked_starts_are_feasible_seeded_and_off_the_planned_start():
