@@ -90,7 +90,7 @@ from spantrain.plan import SCHEDULES, Plan
 from spantrain.planner import gc_paused
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import compute_units, device_classes, network_groups
-from spantrain.policies.lockstep import lockstep_refine
+from spantrain.policies.lockstep import lockstep_refine, reorderings
 from spantrain.workload import Workload
 
 __all__ = ["HeuristicConfig", "HeuristicPlanner"]
@@ -314,23 +314,6 @@ def _reorderable(pipe: tuple[int, ...]) -> bool:
     return _ORDER_STAGES[0] <= len(pipe) <= _ORDER_STAGES[1]
 
 
-def _reorderings(pipe: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every order of `pipe` one swap or one single-device move away, each once."""
-    seen = {pipe}
-    out = []
-    S = len(pipe)
-    for a in range(S):
-        for b in range(a + 1, S):
-            q = list(pipe)
-            q[a], q[b] = q[b], q[a]
-            out.append(tuple(q))
-        rest = pipe[:a] + pipe[a + 1:]
-        for j in range(S):
-            if j != a:
-                out.append((*rest[:j], pipe[a], *rest[j:]))
-    return [q for q in out if not (q in seen or seen.add(q))]
-
-
 def _pipeline_moves(pipe: tuple[int, ...], idle: list[int], group: np.ndarray) -> list[tuple[int, ...]]:
     """Step 7's neighbours of a pipeline, each once: its reorderings; every device dropped;
     every run of one network group's devices trimmed by 2 or more at its head or tail
@@ -338,7 +321,7 @@ def _pipeline_moves(pipe: tuple[int, ...], idle: list[int], group: np.ndarray) -
     of its group and, so placed (anywhere when it replaced its group's last device),
     replacing each device. At most `_ORDER_STAGES[1]` stages. (Groups the pipeline does
     not use are the structure search's business: units join chains there.)"""
-    out = _reorderings(pipe)
+    out = reorderings(pipe)
     S = len(pipe)
     out += [pipe[:k] + pipe[k + 1:] for k in range(S)]
     start = 0

@@ -27,7 +27,7 @@ from collections import defaultdict
 from spantrain.env.evaluator import Candidate, Evaluator, Layout
 from spantrain.env.symmetry import device_classes
 
-__all__ = ["lockstep_refine", "MAX_STAGES", "MAX_ROUNDS"]
+__all__ = ["lockstep_refine", "reorderings", "MAX_STAGES", "MAX_ROUNDS"]
 
 MAX_STAGES = 16
 """Longest pipeline moved (a reordering round scores about 1.5 x stages^2 orders)."""
@@ -37,22 +37,22 @@ MAX_ROUNDS = 12
 Sequence = tuple[int, ...]
 
 
-def _reorders(seq: Sequence) -> list[Sequence]:
-    """Every class sequence one swap or one single-position move away, each once."""
-    out: dict[Sequence, None] = {}
+def reorderings(seq: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every order of `seq` one swap or one single-element move away, each once (for a
+    pipeline's devices, or a class sequence, whose equal elements give no new order)."""
+    seen = {seq}
+    out = []
     S = len(seq)
     for a in range(S):
         for b in range(a + 1, S):
-            if seq[a] != seq[b]:
-                q = list(seq)
-                q[a], q[b] = q[b], q[a]
-                out[tuple(q)] = None
+            q = list(seq)
+            q[a], q[b] = q[b], q[a]
+            out.append(tuple(q))
         rest = seq[:a] + seq[a + 1:]
         for j in range(S):
             if j != a:
-                out[(*rest[:j], seq[a], *rest[j:])] = None
-    out.pop(seq, None)
-    return list(out)
+                out.append((*rest[:j], seq[a], *rest[j:]))
+    return [q for q in out if not (q in seen or seen.add(q))]
 
 
 def _arrange(pipe: tuple[int, ...], labels: list[int], seq: Sequence) -> tuple[int, ...]:
@@ -73,7 +73,7 @@ def _moves(layout: Layout, members: list[int], labels: list[int], idle: dict[int
     seq = tuple(labels[d] for d in layout[members[0]])
     S = len(seq)
     edits = []  # per move: pipeline index -> new pipeline
-    for q in _reorders(seq):
+    for q in reorderings(seq):
         edits.append({i: _arrange(layout[i], labels, q) for i in members})
     if S > 1:
         for k in range(S):

@@ -157,10 +157,10 @@ def test_exhaustive_bound_is_below_every_knob_and_share(seed, profile):
 
 
 def test_reorderings_are_every_one_swap_or_one_move_order_once():
-    from spantrain.policies.heuristic import _reorderings
+    from spantrain.policies.lockstep import reorderings
 
     pipe = (0, 1, 2, 3)
-    orders = _reorderings(pipe)
+    orders = reorderings(pipe)
     assert len(orders) == len(set(orders)) and pipe not in orders
     assert all(sorted(o) == list(pipe) for o in orders)
     assert (1, 0, 2, 3) in orders and (3, 1, 2, 0) in orders and (1, 2, 3, 0) in orders  # swaps, a move

@@ -10,7 +10,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Evaluator, Knobs
 from spantrain.env.symmetry import device_classes
 from spantrain.policies.heuristic import HeuristicPlanner
-from spantrain.policies.lockstep import _arrange, _moves, _reorders, lockstep_refine
+from spantrain.policies.lockstep import _arrange, _moves, lockstep_refine, reorderings
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 
@@ -32,9 +32,9 @@ def _blocks(seq: tuple[int, ...]) -> int:
 def test_reorders_are_every_one_swap_or_one_move_of_a_class_sequence_once():
     seq = (0, 0, 1, 1)
     # (1, 1, 0, 0) takes two swaps; every other order of the same classes is one away
-    assert sorted(_reorders(seq)) == [(0, 1, 0, 1), (0, 1, 1, 0), (1, 0, 0, 1), (1, 0, 1, 0)]
+    assert sorted(reorderings(seq)) == [(0, 1, 0, 1), (0, 1, 1, 0), (1, 0, 0, 1), (1, 0, 1, 0)]
     longer = (0, 1, 2, 0, 1)
-    out = _reorders(longer)
+    out = reorderings(longer)
     assert len(out) == len(set(out)) and longer not in out
     assert all(sorted(q) == sorted(longer) for q in out)
 
