@@ -9,6 +9,9 @@ iterations still to run, each option costs ``remaining_steps x iteration_s +
 migration_s``, and the cheapest wins:
 
 - ``keep``: the running plan as it is, scored on the cluster as it is now;
+- ``recut``: the running plan's devices, micro-batches and knobs, with its layer cuts
+  moved for the cluster as it is now (`spantrain.policies.cuts`; only the layers that
+  cross a cut migrate); listed when moving a cut pays over the remaining steps;
 - ``ppo``: the learned policy, starting from the running plan and weighing the
   migration over the same horizon (what it was trained for in adaptation episodes);
 - a fresh plan of the named planner (the heuristic's for ``auto``), paying whatever
@@ -32,6 +35,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs
 from spantrain.errors import PlanError, PolicyError
 from spantrain.plan import Plan
+from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
 __all__ = ["Option", "Adaptation", "candidate_from_plan", "adapt_plan", "DEFAULT_REMAINING_STEPS"]
@@ -45,7 +49,7 @@ class Option:
     """One way to continue the run."""
 
     name: str
-    """``keep``, ``ppo`` or the re-planning planner's name."""
+    """``keep``, ``recut``, ``ppo`` or the re-planning planner's name."""
     iteration_s: float
     """Predicted seconds per iteration on the cluster as it is now (inf: does not fit)."""
     migration_s: float
@@ -132,6 +136,9 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         env.load(Scenario(key=("running",), cluster=cluster, workload=workload, evaluator=ev, start=keep,
                           running=held_layers(keep, workload.num_layers)))
         found["keep"] = keep
+        recut = refine_cuts(ev, keep, cost=lambda c: H * c.time + env.migration_s(c))
+        if recut is not keep:
+            found["recut"] = recut
         if ppo is not None and (planner == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing:

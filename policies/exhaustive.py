@@ -10,6 +10,9 @@ Search space, exactly:
   enumerated once, since the cost model cannot tell them apart.
 - **Layer partition** of each pipeline: the dynamic programme of
   `spantrain.env.partition` for the pipeline's devices, micro-batching and schedule.
+  The best plan's cuts then get the cut moves the heuristic's and the policy's plans
+  get (`spantrain.policies.cuts`): the programme optimizes a per-stage proxy, so a cut
+  a layer off can be faster, and the optimum stays the reference for those planners.
 - **Knobs**: micro-batch size in `MICRO_BATCH_SIZES` (1, 2, 4, 8; a pipeline uses the
   largest divisor of its share up to it), every schedule (gpipe, 1f1b, zb-h1, zb-h2),
   sync allreduce and hierarchical (plus local SGD with periods 2, 4, 8 when
@@ -60,6 +63,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
+from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import device_classes
 from spantrain.workload import Workload
@@ -188,7 +192,7 @@ class ExhaustivePlanner:
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator) -> Candidate:
-        """The optimal candidate (raises `PlannerError` when nothing fits)."""
+        """The optimal candidate, its cuts moved (raises `PlannerError` when nothing fits)."""
         cluster = ev.cluster
         B = ev.batch
         labels = device_classes(cluster)
@@ -232,7 +236,7 @@ class ExhaustivePlanner:
                       "cost_model_calls": ev.calls}
         if best is None:
             raise no_fit_error(ev.model, self.name)
-        return best
+        return refine_cuts(ev, best)
 
     def _best_for_layout(self, ev: Evaluator, layout, incumbent: float) -> Candidate | None:
         best: Candidate | None = None

@@ -70,6 +70,10 @@
    must change together to stay balanced: a move here changes every pipeline of one class
    sequence alike (reorder the classes, drop a position, insert or swap in an idle device
    of one class), while it helps.
+9. **Cuts** (`spantrain.policies.cuts`): move the layer cuts a layer or two while the cost
+   model says it helps, data-parallel replicas of one kind alike. The partitioner's
+   dynamic programming optimizes a per-stage proxy that leaves out warm-up, bubbles and
+   sync (1.6 % on a 128-device geo cluster with llama2-7b).
 
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).
@@ -88,6 +92,7 @@ from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Kno
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
 from spantrain.planner import gc_paused
+from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import compute_units, device_classes, network_groups
 from spantrain.policies.lockstep import lockstep_refine, reorderings
@@ -196,7 +201,7 @@ class HeuristicPlanner:
                 finals.append(again)
         best = min((self._order_long_pipelines(search, self._final_refine(search, c)) for c in finals),
                    key=lambda c: c.rank)
-        best = self._lockstep(ev, best)
+        best = refine_cuts(ev, self._lockstep(ev, best))
         self.stats = {"plan_s": time.perf_counter() - t0, "cost_model_calls": ev.calls, "units": len(search.units)}
         if not best.feasible:
             raise no_fit_error(ev.model, self.name)

@@ -4,8 +4,10 @@
 running) and lets the policy improve it by moves in `PlanEnv`: one deterministic
 rollout plus a few sampled ones (`default_samples`), run as one batch through the
 network; the cost model scores every plan visited and the best one wins, so the result
-is never worse than the start. The network is size-agnostic, so the environment is
-padded to the cluster's own size: a policy trained on 4-32 devices plans 128.
+is never worse than the start. When the policy moved devices, the winner's layer cuts
+get the heuristic's last step (`spantrain.policies.cuts`). The network is
+size-agnostic, so the environment is padded to the cluster's own size: a policy trained
+on 4-32 devices plans 128.
 
 `auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when no
 policy can be loaded it says so in one line and returns the heuristic's plan, the
@@ -34,6 +36,7 @@ from spantrain.env.evaluator import Candidate, Evaluator
 from spantrain.errors import PolicyError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.planner import gc_paused
+from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
@@ -211,6 +214,8 @@ class PPOPlanner:
             t1 = time.perf_counter()
             scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
             best = self.improve(scenario)
+            if best is not start:  # the policy moved devices: its layout gets the heuristic's last step
+                best = refine_cuts(ev, best)
         self.stats = {"plan_s": time.perf_counter() - t0, "start_s": t1 - t0, "policy_s": time.perf_counter() - t1,
                       "gain": start.time / best.time}
         return best
