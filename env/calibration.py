@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from spantrain._spec import got
 from spantrain.errors import SpecError
 
 __all__ = [
@@ -139,7 +140,7 @@ class Calibration:
                     problems.append(f"{key} must be true or false, got {value!r}")
                 values[key] = value
             elif isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
-                problems.append(f"{key} must be a finite number >= 0, got {value!r}")
+                problems.append(f"{key} must be a finite number >= 0, {got(value)}")
             else:
                 values[key] = float(value)
         if problems:

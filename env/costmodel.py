@@ -50,7 +50,7 @@ from spantrain.env.symmetry import device_classes
 from spantrain.errors import PlanError, SpecError
 from spantrain.estimate import Estimate
 from spantrain.plan import Plan
-from spantrain.workload import Workload
+from spantrain.workload import MAX_GLOBAL_BATCH, Workload
 
 __all__ = ["CostModel", "PipelineTiming", "PlanArrays", "estimate", "layer_time_table"]
 
@@ -265,8 +265,8 @@ class CostModel:
                 if with_keys:
                     keys.append((sched, m, M, tuple(map(self.classes.__getitem__, dev[first:])),
                                  tuple(lo[first:])))
-            if len(set(dev)) != len(dev):  # every device in one stage only
-                raise _Malformed
+            if len(set(dev)) != len(dev) or sum(map(int.__mul__, mbs, nmb)) > MAX_GLOBAL_BATCH:
+                raise _Malformed  # a device in two stages, or a batch the kernel cannot allocate for
         except (_Malformed, KeyError, TypeError, ValueError, AttributeError):
             problems = plan.problems(self.cluster, self.workload)
             raise PlanError(problems or ["plan does not fit this cluster and workload"]) from None

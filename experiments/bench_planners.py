@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spantrain.cli._common import check_dir_option
+from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
 
 __all__ = ["SuiteSpec", "full_spec", "quick_spec", "slow_clusters", "far_clusters", "run", "summarize", "markdown",
@@ -463,6 +465,31 @@ def _compact(obj: Any) -> Any:
 
 
 
+def load_saved(path: str) -> tuple[SuiteSpec, dict[str, Any], dict[str, Any]]:
+    """(spec, results, summary) of a saved bench_planners.json, re-summarized; `SpantrainError`
+    in one line naming the file when it is missing, unreadable or not such a file."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpantrainError(f"--from-json {p} is a directory: pass a bench_planners.json file")
+    try:
+        saved = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SpantrainError(f"--from-json {p}: file not found") from None
+    except OSError as e:
+        raise SpantrainError(f"--from-json {p}: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpantrainError(f"--from-json {p}: not JSON ({e})") from None
+    try:
+        spec, results = SuiteSpec(**saved["spec"]), saved["results"]
+        summary = summarize(results)
+        summary["bench_wall_s"] = saved["summary"].get("bench_wall_s")
+        markdown(summary, spec)  # every field the table needs is there
+    except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
+        raise SpantrainError(f"--from-json {p}: not a bench_planners.json ({type(e).__name__}: {e}); pass a file "
+                         "this script wrote") from None
+    return spec, results, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary) on stdout")
@@ -475,20 +502,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", metavar="FILE", help="re-summarize and re-plot a saved bench_planners.json "
                     "instead of running the cases")
     args = ap.parse_args(argv)
+    spec = quick_spec() if args.quick else full_spec()
+    out = Path(args.out) if args.out else (Path("out/bench_planners_quick") if args.quick else ROOT / "results")
+    try:
+        saved = load_saved(args.from_json) if args.from_json else None
+        check_dir_option("--out", out, create=True)
+    except SpantrainError as e:
+        print(f"bench_planners: error: {e}", file=sys.stderr)
+        return 2
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # planning time on one core
 
     from spantrain.tracking import Tracker
 
-    spec = quick_spec() if args.quick else full_spec()
-    out = Path(args.out) if args.out else (Path("out/bench_planners_quick") if args.quick else ROOT / "results")
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        spec, results = SuiteSpec(**saved["spec"]), saved["results"]
-        summary = summarize(results)
-        summary["bench_wall_s"] = saved["summary"].get("bench_wall_s")
+    if saved is not None:
+        spec, results, summary = saved
     else:
         results = run(spec, progress=not args.no_progress)
         summary = summarize(results)

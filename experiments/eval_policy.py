@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spantrain.cli._common import check_dir_option
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, as_running, held_layers, network_change, simple_start
 from spantrain.errors import SpantrainError
@@ -374,14 +375,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_repeats < 1:
         print(f"eval_policy: error: --latency-repeats must be >= 1, got {args.latency_repeats}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    progress = not args.no_progress
+    if not (args.ga_budget_s > 0 and math.isfinite(args.ga_budget_s)):
+        print(f"eval_policy: error: --ga-budget-s must be a finite positive number of seconds, got "
+              f"{args.ga_budget_s:g}", file=sys.stderr)
+        return 2
     try:
         _, _, meta = load_policy(args.policy)
     except SpantrainError as e:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    try:
+        check_dir_option("--out", out, create=True)
+    except SpantrainError as e:
+        print(f"eval_policy: error: {e}", file=sys.stderr)
+        return 2
+    progress = not args.no_progress
     t0 = time.perf_counter()
     rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats,
                       args.anneal_steps)

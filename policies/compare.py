@@ -89,14 +89,19 @@ def run_planner(name: str, cluster: Cluster, workload: Workload, **options: Any)
         try:
             prepare()
         except SpantrainError as e:
-            return PlannerResult(name=name, plan=None, estimate=None, plan_s=0.0, reason=str(e))
+            return PlannerResult(name=name, plan=None, estimate=None, plan_s=0.0, reason=_reason(name, e))
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         plan = planner.plan(cluster, workload)
     except SpantrainError as e:
         return PlannerResult(name=name, plan=None, estimate=None, plan_s=time.perf_counter() - t0,
-                             cpu_s=time.process_time() - c0, reason=str(e))
+                             cpu_s=time.process_time() - c0, reason=_reason(name, e))
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     est = CostModel(cluster, workload, memo=False).estimate(plan)
     return PlannerResult(name=name, plan=plan, estimate=est, plan_s=dt, cpu_s=dc,
                          reason="" if est.feasible else "infeasible: " + "; ".join(est.reasons))
+
+
+def _reason(name: str, error: Exception) -> str:
+    """A planner's error without its own "NAME: " prefix: results are keyed by the name already."""
+    return str(error).removeprefix(f"{name}: ")

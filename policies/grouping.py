@@ -67,8 +67,9 @@ def network_groups(cluster: Cluster) -> list[list[int]]:
         return [[0]]
     bw = np.asarray(cluster.bandwidth, dtype=np.float64)
     off = ~np.eye(n, dtype=bool)
-    sym = np.sqrt(np.where(off, bw * bw.T, 1.0))
-    logbw = np.log(sym)
+    # log of the geometric mean of the two directions, as a mean of logs: the product
+    # bw * bw.T under- or overflows for extreme (valid) bandwidths such as 1e-300 Gbit/s
+    logbw = np.where(off, 0.5 * (np.log(bw) + np.log(bw.T)), 0.0)
     limit = 2.0 * math.log(NET_RATIO)  # beyond this the exact value does not change the cut
     dist = _profile_distance(logbw, limit)
     best = np.where(off, logbw, -np.inf).max(axis=1)

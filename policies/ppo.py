@@ -9,9 +9,9 @@ get the heuristic's last step (`spantrain.policies.cuts`). The network is
 size-agnostic, so the environment is padded to the cluster's own size: a policy trained
 on 4-32 devices plans 128.
 
-`auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when no
-policy can be loaded it says so in one line and returns the heuristic's plan, the
-documented fallback.
+`auto` (the default of `spantrain plan`) is the best of `ppo` and `heuristic`; when the
+shipped policy cannot be loaded it says so in one line and returns the heuristic's plan,
+the documented fallback (a policy file named in the options must load).
 
 A policy file is a `torch.save`d dict: ``{"format": 1, "net": {...config}, "env": {...},
 "state_dict": {...}, "meta": {...}}`` (weights only, loadable with `weights_only=True`);
@@ -71,28 +71,52 @@ def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, A
 
 
 def load_policy(path: str | Path | None = None):
-    """(GraphPolicyNet in eval mode, env settings, meta) from a policy file; `PolicyError` if unusable."""
+    """(GraphPolicyNet in eval mode, env settings, meta) from a policy file (the shipped one
+    when `path` is None); `PolicyError` in one line if it is missing or unusable."""
+    shipped = not path
+    path = SHIPPED_POLICY if shipped else Path(path)
+    # without the shipped policy the heuristic remains; a file the user named is theirs to fix
+    heuristic = " or use --planner heuristic" if shipped else ""
+    if not path.exists():
+        fix = "pass a policy file written by `spantrain train-policy`" if not shipped else \
+            f"train one with `spantrain train-policy`{heuristic}"
+        raise PolicyError(f"policy file {path} not found: {fix}")
+    if path.is_dir():
+        raise PolicyError(f"{path}: not a spantrain policy file (it is a directory)")
     import torch
 
     from spantrain.policies.extractor import GraphPolicyNet
 
-    path = Path(path) if path else SHIPPED_POLICY
-    if not path.exists():
-        raise PolicyError(f"policy file {path} not found: train one with `spantrain train-policy` "
-                          "or use --planner heuristic")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
-        if blob.get("format") != _FORMAT:
-            raise PolicyError(f"policy file {path} has format {blob.get('format')!r}, expected {_FORMAT}")
+    except Exception as e:  # text, a foreign pickle, an empty or truncated file
+        raise PolicyError(f"{path}: not a spantrain policy file ({_load_failure(e)})") from None
+    if not isinstance(blob, dict) or "format" not in blob:
+        what = "a dict without a 'format' key" if isinstance(blob, dict) else f"a {type(blob).__name__}"
+        raise PolicyError(f"{path}: not a spantrain policy file (it holds {what})")
+    if blob["format"] != _FORMAT:
+        raise PolicyError(f"policy file {path} has format {blob['format']!r}, expected {_FORMAT}")
+    try:
         net = GraphPolicyNet(**blob["net"])
         net.load_state_dict(blob["state_dict"])
-    except PolicyError:
-        raise
-    except Exception as e:  # a corrupt or foreign file: say which and how to fix it
-        raise PolicyError(f"policy file {path} is unusable ({type(e).__name__}: {e}); retrain it with "
-                          "`spantrain train-policy` or use --planner heuristic") from None
+    except Exception as e:  # a policy file whose network does not build: say which and how to fix it
+        raise PolicyError(f"policy file {path} is unusable ({_load_failure(e)}); retrain it with "
+                          f"`spantrain train-policy`{heuristic}") from None
     net.eval()
     return net, blob.get("env", {}), blob.get("meta", {})
+
+
+def _load_failure(e: Exception) -> str:
+    """A short reason a file did not load: torch's messages run to many lines of advice."""
+    import pickle
+
+    if isinstance(e, pickle.UnpicklingError):
+        return "not a torch file of tensors and plain data"
+    if isinstance(e, EOFError):
+        return "empty or truncated"
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def load_value_head(path: str | Path) -> dict | None:
@@ -233,7 +257,7 @@ class PPOPlanner:
 
 
 class AutoPlanner:
-    """Best of `ppo` and `heuristic`; the heuristic alone when no policy loads."""
+    """Best of `ppo` and `heuristic`; the heuristic alone when the shipped policy does not load."""
 
     name = "auto"
 
@@ -242,7 +266,11 @@ class AutoPlanner:
         self.stats: dict[str, Any] = {}
 
     def prepare(self) -> None:
-        """Load the policy now when it can be; when not, `plan` says so and falls back."""
+        """Load the policy now when it can be; when the shipped one cannot, `plan` says so and
+        falls back. A policy file named in the options must load (`PolicyError`)."""
+        if self.ppo.config.policy:
+            self.ppo.prepare()
+            return
         with contextlib.suppress(PolicyError):
             self.ppo.prepare()
 
@@ -257,6 +285,8 @@ class AutoPlanner:
         try:
             self.ppo.prepare()
         except PolicyError as e:
+            if self.ppo.config.policy:  # the fallback is for the shipped policy, not a file the user named
+                raise
             print(f"spantrain: warning: {e}; using the heuristic plan", file=sys.stderr)
             self.stats = {"chosen": "heuristic", "fallback": str(e)}
             return heuristic

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["TrainConfig", "ATTENTION_HEADS"]
+__all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED"]
 
 ATTENTION_HEADS = 4
 """Attention heads of every encoder layer (`GraphPolicyNet`'s default), which split `hidden`."""
+MAX_SEED = 2**32 - 1
+"""Largest seed (NumPy's legacy seeding, which SB3 uses, takes 32 bits)."""
+
+
+def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool]) -> None:
+    """A finite real number that passes `ok`, or an error naming the field, the rule and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise SpantrainError(f"TrainConfig.{name} must be a finite number {rule}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,16 +93,21 @@ class TrainConfig:
     """Free-form notes recorded with the run."""
 
     def __post_init__(self) -> None:
+        # Messages name a field ``TrainConfig.<field>``; `spantrain train-policy` shows its flag instead.
+        from spantrain.cluster import MAX_DEVICES
+
         for name in ("timesteps", "start_kicks", "imitation_episodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise SpantrainError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
         if self.timesteps == 0 and self.imitation_episodes == 0:
-            raise SpantrainError("TrainConfig: timesteps and imitation_episodes are both 0: nothing to train")
+            raise SpantrainError("TrainConfig.timesteps and TrainConfig.imitation_episodes are both 0: "
+                                 "nothing to train")
         if self.init_policy is not None and (not isinstance(self.init_policy, str) or not self.init_policy):
             raise SpantrainError(f"TrainConfig.init_policy must be a policy file path, got {self.init_policy!r}")
         if self.init_policy and self.timesteps == 0:
-            raise SpantrainError("TrainConfig: init_policy replaces imitation and timesteps is 0: nothing to train")
+            raise SpantrainError("TrainConfig.init_policy replaces imitation and TrainConfig.timesteps is 0: "
+                                 "nothing to train")
         positive = ("n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
                     "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers",
                     "imitation_rounds", "imitation_epochs")
@@ -100,15 +115,33 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise SpantrainError(f"TrainConfig.seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         if self.hidden % ATTENTION_HEADS:
             raise SpantrainError(f"TrainConfig.hidden must be a multiple of {ATTENTION_HEADS} (the encoder's "
                                  f"attention heads), got {self.hidden}")
+        if self.max_devices > MAX_DEVICES:
+            raise SpantrainError(f"TrainConfig.max_devices must be at most {MAX_DEVICES} (the largest generated "
+                                 f"cluster), got {self.max_devices}")
         if self.min_devices < 2 or self.min_devices > self.max_devices:
-            raise SpantrainError(f"TrainConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
-        if not 0 <= self.adapt_prob <= 1:
-            raise SpantrainError(f"TrainConfig.adapt_prob must be in [0, 1], got {self.adapt_prob}")
-        if not 0 < self.gamma <= 1 or self.learning_rate <= 0 or self.ent_coef < 0:
-            raise SpantrainError("TrainConfig: gamma must be in (0, 1], learning_rate > 0, ent_coef >= 0")
+            raise SpantrainError(f"TrainConfig.min_devices must be from 2 to TrainConfig.max_devices "
+                                 f"({self.max_devices}), got {self.min_devices}")
+        self._check_models()
+        _check_number("adapt_prob", self.adapt_prob, "in [0, 1]", lambda v: 0 <= v <= 1)
+        _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("learning_rate", self.learning_rate, "> 0", lambda v: v > 0)
+        _check_number("ent_coef", self.ent_coef, ">= 0", lambda v: v >= 0)
+
+    def _check_models(self) -> None:
+        from spantrain.workload import PRESETS
+
+        if isinstance(self.models, str) or not self.models:
+            raise SpantrainError(f"TrainConfig.models must name at least one preset ({', '.join(PRESETS)}), "
+                                 f"got {self.models!r}")
+        unknown = [m for m in self.models if m not in PRESETS]
+        if unknown:
+            raise SpantrainError(f"TrainConfig.models: {', '.join(unknown)}: training draws its workloads from "
+                                 f"presets only ({', '.join(PRESETS)}), not workload files or other names")
 
     def env_config(self):
         """The training environment's `EnvConfig`."""

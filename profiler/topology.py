@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spantrain.cluster import Cluster, Device, NetLink, Network
+from spantrain.cluster import MAX_DEVICES, Cluster, Device, NetLink, Network
 from spantrain.errors import SpecError
 from spantrain.profiler.catalog import CATALOG
 
 __all__ = ["PROFILES", "CITIES", "generate"]
 
 PROFILES = ("cee", "geo", "datacenter")
-MIN_DEVICES, MAX_DEVICES = 2, 4096
+MIN_DEVICES = 2
 
 _TAGS = {"H100-80GB": "h100", "A100-80GB": "a100l", "A100-40GB": "a100", "V100-32GB": "v100", "T4": "t4",
          "RTX3090": "3090", "RTX3060": "3060", "Jetson-AGX-Orin": "orin"}

@@ -44,6 +44,8 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
                             f"it has {arch.vocab_size}")
     if data is not None:
         p = Path(data)
+        if p.is_dir():
+            raise ExecutionError(f"--data {p} is a directory: pass a text file")
         if not p.is_file():
             raise ExecutionError(f"--data {p}: file not found")
         if p.stat().st_size < workload.seq_len + 1:

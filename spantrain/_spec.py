@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 __all__ = ["read_structured", "check_keys", "positive_number", "nonneg_number", "positive_int",
-           "nonempty_str", "fmt_number"]
+           "nonempty_str", "fmt_number", "got", "FIGURE_MIN", "FIGURE_MAX"]
+
+FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
+"""Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
+link or layer, yet narrow enough that unit conversions and the cost model's products stay
+finite (1e300 TFLOP/s is an infinite FLOP/s, 1e-307 TFLOP/s an infinite layer time)."""
+
+# A number in exponent form that YAML 1.1 (PyYAML) reads as a string: no dot or an unsigned exponent.
+_EXP_NUMBER = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?[eE]([+-]?)(\d+)")
 
 
 def read_structured(path: str | Path, error: type[Exception]) -> Any:
@@ -24,7 +33,10 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
         raise error(f"{p}: file not found")
     if p.is_dir():
         raise error(f"{p}: is a directory, expected a file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)
@@ -40,12 +52,33 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
 
 
 def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, problems: list[str]) -> None:
+    """Record unknown and missing keys of `obj`; an empty `where` leaves the messages unprefixed."""
+    prefix = f"{where}: " if where else ""
     for key in obj:
         if key not in allowed:
-            problems.append(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+            problems.append(f"{prefix}unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
     for key in sorted(required):
         if key not in obj:
-            problems.append(f"{where}: missing required key {key!r}")
+            problems.append(f"{prefix}missing required key {key!r}")
+
+
+def got(value: Any) -> str:
+    """How a message shows a bad value: "got 'x'", saying so when a string holds a number."""
+    if not isinstance(value, str):
+        return f"got {value!r}"
+    try:
+        number = float(value)
+    except ValueError:
+        return f"got {value!r}"
+    if not math.isfinite(number):
+        return f"got {value!r}"
+    m = _EXP_NUMBER.fullmatch(value.strip())
+    if m and (m[2] or m[3]):
+        sign, whole, frac, esign, exp = m.groups()
+        fixed = f"{sign}{whole or '0'}.{frac or '0'}e{esign or '+'}{exp}"
+        if fixed != value.strip().lower():
+            return f"got the string {value!r} (YAML reads {value.strip()} as text; write {fixed})"
+    return f"got the string {value!r} (write the number without quotes)"
 
 
 def _is_number(value: Any) -> bool:
@@ -58,7 +91,10 @@ def positive_number(obj: dict, key: str, where: str, problems: list[str]) -> flo
         return None
     value = obj[key]
     if not _is_number(value) or value <= 0:
-        problems.append(f"{where}: {key} must be a positive number, got {value!r}")
+        problems.append(f"{where}: {key} must be a positive number, {got(value)}")
+        return None
+    if not FIGURE_MIN <= value <= FIGURE_MAX:
+        problems.append(f"{where}: {key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g}, got {value!r}")
         return None
     return float(value)
 
@@ -68,7 +104,10 @@ def nonneg_number(obj: dict, key: str, where: str, problems: list[str]) -> float
         return None
     value = obj[key]
     if not _is_number(value) or value < 0:
-        problems.append(f"{where}: {key} must be a number >= 0, got {value!r}")
+        problems.append(f"{where}: {key} must be a number >= 0, {got(value)}")
+        return None
+    if value > FIGURE_MAX:
+        problems.append(f"{where}: {key} must be at most {FIGURE_MAX:g}, got {value!r}")
         return None
     return float(value)
 
@@ -78,7 +117,7 @@ def positive_int(obj: dict, key: str, where: str, problems: list[str]) -> int | 
         return None
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        problems.append(f"{where}: {key} must be a positive integer, got {value!r}")
+        problems.append(f"{where}: {key} must be a positive integer, {got(value)}")
         return None
     return int(value)
 

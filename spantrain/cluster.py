@@ -36,10 +36,12 @@ from spantrain._spec import (
 )
 from spantrain.errors import SpecError
 
-__all__ = ["GBPS", "LayerTimes", "Device", "NetLink", "Network", "Cluster"]
+__all__ = ["GBPS", "MAX_DEVICES", "LayerTimes", "Device", "NetLink", "Network", "Cluster"]
 
 GBPS = 1e9 / 8
 """Bytes per second in one Gbit/s."""
+MAX_DEVICES = 4096
+"""Most devices a cluster may have (the dense pair arrays grow with its square)."""
 
 _DEVICE_KEYS = {"id", "count", "region", "tier", "gpu", "tflops", "memory_gb", "host", "local_rank",
                 "layer_times"}
@@ -321,6 +323,8 @@ def _check_devices(devices: tuple[Device, ...], network: Network) -> list[str]:
     problems = []
     if not devices:
         problems.append("no devices: add at least one entry under 'devices'")
+    if len(devices) > MAX_DEVICES:
+        problems.append(f"{len(devices)} devices, at most {MAX_DEVICES} are supported")
     seen: set[str] = set()
     for d in devices:
         if d.id in seen:
@@ -425,10 +429,11 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     problems: list[str] = []
     if not isinstance(spec, dict):
         raise SpecError(f"{source}: expected a mapping with 'devices' and 'network', got {type(spec).__name__}")
-    check_keys(spec, {"name", "devices", "network"}, {"devices", "network"}, source, problems)
+    # top-level problems go unprefixed: the raise below names the source once
+    check_keys(spec, {"name", "devices", "network"}, {"devices", "network"}, "", problems)
     name = spec.get("name", Path(source).stem if source != "cluster spec" else "cluster")
     if not isinstance(name, str):
-        problems.append(f"{source}: name must be a string")
+        problems.append("name must be a string")
         name = "cluster"
 
     # network first: devices are checked against its regions
@@ -482,6 +487,8 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
 
     # devices, with count expansion
     devices: list[Device] = []
+    expected = 0  # devices after count expansion
+    refused: set[str] = set()  # ids of refused entries: overrides naming their devices are not "unknown"
     raw_devices = spec.get("devices")
     if "devices" in spec and (not isinstance(raw_devices, list) or not raw_devices):
         problems.append("devices: expected a non-empty list of devices (the cluster is empty)")
@@ -504,6 +511,10 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
         tflops = positive_number(entry, "tflops", where, problems)
         mem = positive_number(entry, "memory_gb", where, problems)
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1
+        if count is not None and count > MAX_DEVICES:
+            problems.append(f"{where}: count must be at most {MAX_DEVICES} (the most devices a cluster may have), "
+                            f"got {count}")
+            count = None
         tier = entry.get("tier", "cloud")
         gpu = entry.get("gpu", "")
         if not isinstance(tier, str) or not isinstance(gpu, str):
@@ -517,12 +528,20 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             problems.append(f"{where}: local_rank must be an integer >= 0")
         layer_times = _parse_layer_times(entry["layer_times"], where, problems) if "layer_times" in entry else {}
         if None in (did, region, tflops, mem, count):
+            refused.add(str(entry.get("id")))
             continue
+        expected += count
+        if expected > MAX_DEVICES:
+            refused.add(did)
+            continue  # refused below; expanding would only cost memory and time
         ids = [did] if "count" not in entry else [f"{did}-{c}" for c in range(count)]
         for i in ids:
             devices.append(Device(id=i, region=region, tier=tier, gpu=gpu, tflops=tflops, memory_gb=mem,
                                   host=host, local_rank=local_rank, layer_times=layer_times))
 
+    if expected > MAX_DEVICES:
+        problems.append(f"devices: {expected} devices after count expansion, at most {MAX_DEVICES} are supported "
+                        "(lower the counts)")
     seen: dict[str, int] = {}
     for d in devices:
         seen[d.id] = seen.get(d.id, 0) + 1
@@ -545,7 +564,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             problems.append(f"{where}: give either between: [device, device] or from: device, to: device")
             continue
         for x in pair:
-            if x not in seen:
+            if x not in seen and not any(x == r or x.startswith(f"{r}-") for r in refused):
                 problems.append(f"{where}: unknown device {x!r}")
         if pair[0] == pair[1]:
             problems.append(f"{where}: a device pair needs two different devices")

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spantrain._spec import check_keys, read_structured
+from spantrain._spec import check_keys, got, read_structured
 from spantrain.errors import PlanError
+from spantrain.workload import MAX_GLOBAL_BATCH
 
 if TYPE_CHECKING:
     from spantrain.cluster import Cluster
@@ -139,20 +140,23 @@ class Plan:
         if self.sync.mode not in SYNC_MODES:
             out.append(f"sync mode {self.sync.mode!r} is unknown (choose from {', '.join(SYNC_MODES)})")
         if not _pos_int(self.sync.period):
-            out.append(f"sync period must be a positive integer, got {self.sync.period!r}")
+            out.append(f"sync period must be a positive integer, {got(self.sync.period)}")
         elif self.sync.period != 1 and self.sync.mode != "local-sgd":
             out.append(f"sync period {self.sync.period} needs mode local-sgd (allreduce and hierarchical sync "
                        "every iteration)")
         if not self.pipelines:
             out.append("plan has no pipelines")
+        elif all(_pos_int(p.micro_batch_size) and _pos_int(p.num_micro_batches) for p in self.pipelines) \
+                and self.batch > MAX_GLOBAL_BATCH:
+            out.append(f"the plan's batch is {self.batch} samples, more than the {MAX_GLOBAL_BATCH} a plan may have")
         n_layers = len(workload.layers) if workload is not None else None
         seen: dict[str, str] = {}
         for i, p in enumerate(self.pipelines):
             where = f"pipeline {i}"
             if not _pos_int(p.micro_batch_size):
-                out.append(f"{where}: micro_batch_size must be a positive integer, got {p.micro_batch_size!r}")
+                out.append(f"{where}: micro_batch_size must be a positive integer, {got(p.micro_batch_size)}")
             if not _pos_int(p.num_micro_batches):
-                out.append(f"{where}: num_micro_batches must be a positive integer, got {p.num_micro_batches!r}")
+                out.append(f"{where}: num_micro_batches must be a positive integer, {got(p.num_micro_batches)}")
             if not p.stages:
                 out.append(f"{where}: has no stages")
                 continue
@@ -174,14 +178,16 @@ class Plan:
                     out.append(f"{sw}: layer range [{a}, {b}) is empty or malformed")
                     expected_start = b if isinstance(b, int) else expected_start
                     continue
-                if a != expected_start:
+                if a < 0:
+                    out.append(f"{sw}: layer range [{a}, {b}) starts below 0 (layers are numbered from 0)")
+                elif a != expected_start:
                     if a > expected_start:
                         out.append(f"{sw}: layers [{expected_start}, {a}) are not covered")
                     else:
                         out.append(f"{sw}: layers [{a}, {min(b, expected_start)}) are covered twice")
                 if n_layers is not None and b > n_layers:
                     out.append(f"{sw}: layer range [{a}, {b}) goes past the model's {n_layers} layers")
-                expected_start = b
+                expected_start = max(b, 0)  # a range starting below 0 is reported above
             if n_layers is not None and expected_start < n_layers:
                 out.append(f"{where}: layers [{expected_start}, {n_layers}) are not covered "
                            f"(the model has {n_layers} layers)")

@@ -43,10 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from spantrain._spec import check_keys, nonempty_str, nonneg_number, positive_int, read_structured
+from spantrain._spec import check_keys, got, nonempty_str, nonneg_number, positive_int, read_structured
 from spantrain.errors import WorkloadError
 
-__all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "load_workload"]
+__all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "load_workload"]
+
+MAX_GLOBAL_BATCH = 2**16
+"""Largest global batch: 65,536 samples per iteration, beyond the largest batches trained in
+practice (large-batch BERT and ImageNet runs); planning time and memory grow with the batch
+(2**20 samples take ~30 s and 1.5 GB to plan on 8 devices, and 10**9 exhausts memory)."""
 
 PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2}
 """Bytes per activation element for each training precision."""
@@ -104,7 +109,7 @@ class Architecture:
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise WorkloadError(f"architecture.{f} must be a positive integer, got {v!r}")
+                raise WorkloadError(f"architecture.{f} must be a positive integer, {got(v)}")
         if self.d_model % self.n_heads:
             raise WorkloadError(f"architecture.d_model ({self.d_model}) must be divisible by "
                                 f"n_heads ({self.n_heads})")
@@ -135,6 +140,9 @@ class Workload:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
             raise WorkloadError(f"workload {self.name!r}: global_batch must be a positive integer, "
                                 f"got {self.global_batch!r}")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise WorkloadError(f"workload {self.name!r}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, "
+                                f"got {self.global_batch}")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
             raise WorkloadError(f"workload {self.name!r}: seq_len must be a positive integer, got {self.seq_len!r}")
         if self.precision not in PRECISIONS:
@@ -311,6 +319,8 @@ def _parse_workload(spec: Any, source: str) -> Workload:
                {"global_batch", "seq_len"}, source, problems)
     name = spec.get("name", Path(source).stem)
     gb = positive_int(spec, "global_batch", source, problems)
+    if gb is not None and gb > MAX_GLOBAL_BATCH:
+        problems.append(f"{source}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, got {gb}")
     s = positive_int(spec, "seq_len", source, problems)
     precision = spec.get("precision", "bf16")
     if precision not in PRECISIONS:
@@ -323,15 +333,15 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         raw = spec["architecture"]
         if not isinstance(raw, dict):
             raise WorkloadError(f"{source}: architecture must be a mapping")
-        fields = {f.name for f in dataclasses.fields(Architecture)}
-        unknown = set(raw) - fields
-        if unknown:
-            raise WorkloadError(f"{source}: architecture: unknown key(s) {', '.join(sorted(unknown))} "
-                                f"(allowed: {', '.join(sorted(fields))})")
+        fields = dataclasses.fields(Architecture)
+        check_keys(raw, {f.name for f in fields}, {f.name for f in fields if f.default is dataclasses.MISSING},
+                   f"{source}: architecture", problems)
+        if problems:
+            raise WorkloadError("; ".join(problems))
         try:
             arch = Architecture(**raw)
-        except TypeError as e:
-            raise WorkloadError(f"{source}: architecture: {e}") from None
+        except WorkloadError as e:
+            raise WorkloadError(f"{source}: {e}") from None
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
                                   tied_embeddings=bool(spec.get("tied_embeddings", False)))
     layers = list(_parse_layers(spec["layers"], source, problems))

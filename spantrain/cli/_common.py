@@ -5,20 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "not_yet"]
-
+           "not_yet", "check_dir_option"]
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    from spantrain.workload import MAX_GLOBAL_BATCH
+
     p.add_argument("--model", "-m", required=required, metavar="M",
                    help="model preset (tiny-gpt, gpt2-small, ..., llama2-7b) or workload YAML file")
-    p.add_argument("--global-batch", type=int, metavar="N", help="override the workload's global batch")
+    p.add_argument("--global-batch", type=int, metavar="N",
+                   help=f"override the workload's global batch (samples per iteration, 1 to {MAX_GLOBAL_BATCH})")
 
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
@@ -33,12 +36,30 @@ def load_cluster(path: str):
 
 def load_model(args: argparse.Namespace):
     from spantrain.errors import WorkloadError
-    from spantrain.workload import load_workload
+    from spantrain.workload import MAX_GLOBAL_BATCH, load_workload
 
     gb = getattr(args, "global_batch", None)
-    if gb is not None and gb <= 0:
-        raise WorkloadError(f"--global-batch must be a positive integer, got {gb}")
+    if gb is not None and not 0 < gb <= MAX_GLOBAL_BATCH:
+        raise WorkloadError(f"--global-batch must be a positive integer up to {MAX_GLOBAL_BATCH} samples, got {gb}")
     return load_workload(args.model, global_batch=gb)
+
+
+def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False) -> None:
+    """An output directory option: refused in one line (`SpantrainError`) when a file is in
+    its place, or, with `create`, when it cannot be made (no permission, a file above it);
+    checked before any work, not by a worker mid-run."""
+    from spantrain.errors import SpantrainError
+
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpantrainError(f"{flag} {p} is a file, not a directory: pass a directory")
+    if create:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpantrainError(f"{flag} {p}: {e.strerror}") from None
 
 
 def print_json(obj: Any) -> None:

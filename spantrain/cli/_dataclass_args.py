@@ -2,20 +2,26 @@
 
 Each field becomes `--field-name`, typed from its default, with the field's docstring
 (the string literal under it in the class body) as help, so configs are documented once.
+Errors that name a field as ``Config.field`` name its flag instead (`flags_in_errors`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import itertools
+import re
 import textwrap
 import typing
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["field_docs", "add_dataclass_args", "dataclass_from_args"]
+from spantrain.errors import SpantrainError
+
+__all__ = ["field_docs", "add_dataclass_args", "dataclass_from_args", "flag", "flags_in_errors"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -39,17 +45,39 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: set[str] = f
     for f in dataclasses.fields(cls):
         if f.name in skip or f.default is dataclasses.MISSING:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        name = flag(f.name)
         default = f.default
         help_text = f"{docs.get(f.name, '')} (default: {default})"
         if isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            p.add_argument(name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif isinstance(default, tuple):
-            p.add_argument(flag, metavar="A,B,...", default=None, help=help_text)
+            p.add_argument(name, metavar="A,B,...", default=None, help=help_text)
         elif default is None:
-            p.add_argument(flag, default=None, type=_scalar_type(hints[f.name]), help=help_text)
+            p.add_argument(name, default=None, type=_scalar_type(hints[f.name]), help=help_text)
         else:
-            p.add_argument(flag, type=type(default), default=None, help=help_text)
+            p.add_argument(name, type=type(default), default=None, help=help_text)
+
+
+def flag(field_name: str) -> str:
+    """The command-line flag of a config field."""
+    return "--" + field_name.replace("_", "-")
+
+
+@contextlib.contextmanager
+def flags_in_errors(cls: type) -> Iterator[None]:
+    """Inside, a `SpantrainError` naming a field of `cls` as ``Cls.field`` names its flag
+    instead (``TrainConfig.n_envs`` -> ``--n-envs``): the config speaks to library users,
+    the command line to the person who typed the flag."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+
+    def to_flag(m: re.Match) -> str:
+        return flag(m.group(1)) if m.group(1) in fields else m.group(0)
+
+    try:
+        yield
+    except SpantrainError as e:
+        e.args = (re.sub(rf"\b{cls.__name__}\.(\w+)", to_flag, str(e)),)
+        raise
 
 
 def _scalar_type(hint: Any) -> type:

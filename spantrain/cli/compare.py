@@ -5,7 +5,8 @@ time. ``--json`` prints ``{"planners": {NAME: {"samples_per_s", "iteration_s",
 "feasible", "plan_s", "plan": {...}, "speedup_vs_ddp", "reason"?}}, "cluster", "model",
 "devices"}``; a planner that fails or finds nothing feasible has ``feasible: false`` and
 its reason. Default planners: every registered one, without exhaustive search above 8
-devices. Options (``--budget-s``, ``--allow-local-sgd``) go to the planners that take them.
+devices. Options (``--budget-s``, ``--allow-local-sgd``, ``--policy``) go to the planners
+that take them; one that no planner compared takes is an error, as with `spantrain plan`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import sys
 
 from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
-from spantrain.cli.plan import add_planner_option_args, planner_options
+from spantrain.cli.plan import add_planner_option_args, check_policy, planner_options, unused_options
 
 __all__ = ["register", "run"]
 
@@ -44,10 +45,13 @@ def run(args: argparse.Namespace) -> int:
                                f"(available: {', '.join(available_planners())})")
     else:
         names = default_planners(cluster)
+    options = {name: planner_options(name, args, strict=False) for name in names}
+    unused_options(options, args)
+    check_policy(args.policy)
     warm_up()  # plan times below are planning, not the process's kernel loading
     results = {}
     for name in names:
-        results[name] = run_planner(name, cluster, workload, **planner_options(name, args, strict=False))
+        results[name] = run_planner(name, cluster, workload, **options[name])
     ddp = results.get("ddp")
     base = ddp.samples_per_s if ddp is not None and ddp.feasible else None
     rows = {}

@@ -16,13 +16,16 @@ object then also holds ``"adaptation"`` (the options and the choice).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Any
 
 from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._dataclass_args import flag
 
-__all__ = ["register", "run", "planner_options", "add_planner_option_args", "DEFAULT_PLANNER"]
+__all__ = ["register", "run", "planner_options", "requested_options", "unused_options", "check_policy",
+           "add_planner_option_args", "DEFAULT_PLANNER"]
 
 DEFAULT_PLANNER = "auto"
 """Planner used without --planner."""
@@ -35,32 +38,59 @@ def add_planner_option_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE", help="policy file for ppo/auto (default: the shipped policy)")
 
 
+def requested_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Planner options the user gave on the command line, their values checked."""
+    from spantrain.errors import PlannerError
+
+    wanted: dict[str, Any] = {}
+    if args.budget_s is not None:
+        if not (args.budget_s > 0 and math.isfinite(args.budget_s)):
+            raise PlannerError(f"--budget-s must be a finite positive number of seconds, got {args.budget_s:g}")
+        wanted["budget_s"] = args.budget_s
+    if args.allow_local_sgd:
+        wanted["allow_local_sgd"] = True
+    if getattr(args, "policy", None):
+        wanted["policy"] = args.policy
+    return wanted
+
+
 def planner_options(name: str, args: argparse.Namespace, *, strict: bool) -> dict[str, Any]:
     """Keyword options for planner `name` from the command line. With `strict`, an option
     the planner does not take is an error; otherwise it is left out for that planner."""
     from spantrain.errors import PlannerError
     from spantrain.policies.registry import get_planner
 
-    wanted: dict[str, Any] = {}
-    if args.budget_s is not None:
-        if not args.budget_s > 0:
-            raise PlannerError(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
-        wanted["budget_s"] = args.budget_s
-    if args.allow_local_sgd:
-        wanted["allow_local_sgd"] = True
-    if getattr(args, "policy", None):
-        wanted["policy"] = args.policy
     out: dict[str, Any] = {}
-    for key, value in wanted.items():
+    for key, value in requested_options(args).items():
         try:
             get_planner(name, **{key: value})
         except PlannerError:
             if strict:
-                flag = "--" + key.replace("_", "-")
-                raise PlannerError(f"{flag} is not an option of planner {name!r}") from None
+                raise PlannerError(f"{flag(key)} is not an option of planner {name!r}") from None
             continue
         out[key] = value
     return out
+
+
+def unused_options(options: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """Refuse an option the user gave that no planner takes (`options`: planner name ->
+    what `planner_options` left it), as `plan` refuses it for its one planner."""
+    from spantrain.errors import PlannerError
+
+    names = list(options)
+    for key in requested_options(args):
+        if not any(key in o for o in options.values()):
+            which = f"planner {names[0]!r}" if len(names) == 1 else f"any of the planners {', '.join(names)}"
+            raise PlannerError(f"{flag(key)} is not an option of {which}")
+
+
+def check_policy(path: str | None) -> None:
+    """A policy file the user named must load: the heuristic fallback of `auto` is for the
+    shipped policy only (`PolicyError` in one line otherwise)."""
+    if path:
+        from spantrain.policies.ppo import load_policy
+
+        load_policy(path)
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -90,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     options = planner_options(args.planner, args, strict=True)
+    check_policy(args.policy)  # options passed the check: a planner that takes it
     t0 = time.perf_counter()
     adaptation = None
     if args.running:

@@ -11,17 +11,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._common import (
+    add_cluster_arg,
+    add_json_arg,
+    add_model_args,
+    check_dir_option,
+    load_cluster,
+    load_model,
+    print_json,
+)
 from spantrain.errors import ExecutionError, SpantrainError
+from spantrain.policies.train_config import MAX_SEED
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY"]
 
+MAX_TIMEOUT_S = 7 * 86400.0
+"""Largest --timeout: a week (a longer wait is a hang; huge values overflow the process group's timer)."""
 ADAPT_CHECKPOINT_EVERY = 10
 """``--adapt``'s default checkpoint period: a switch the workers cannot finish in time (the
 network became very slow) continues from the last checkpoint, losing at most this many iterations."""
@@ -98,22 +110,21 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if args.keep_checkpoints < 1:
         raise ExecutionError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
-    if not args.lr > 0:
-        raise ExecutionError(f"--lr must be > 0, got {args.lr}")
-    if args.weight_decay < 0:
-        raise ExecutionError(f"--weight-decay must be >= 0, got {args.weight_decay}")
-    if not args.adam_eps > 0:
-        raise ExecutionError(f"--adam-eps must be > 0, got {args.adam_eps}")
+    _check_finite("--lr", args.lr, "> 0", args.lr > 0)
+    _check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
+    _check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ExecutionError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
-    if not args.timeout > 0:
-        raise ExecutionError(f"--timeout must be > 0, got {args.timeout}")
+    _check_finite("--timeout", args.timeout, f"of seconds in (0, {MAX_TIMEOUT_S:g}]",
+                  0 < args.timeout <= MAX_TIMEOUT_S)
     if args.checkpoint_every and not args.checkpoint_dir:
         raise ExecutionError("--checkpoint-every needs --checkpoint-dir")
     if not args.emulate and (args.emulate_cpus is not None or args.emulate_mode != "auto"):
         raise ExecutionError("--emulate-cpus and --emulate-mode only apply with --emulate")
-    if args.emulate_cpus is not None and not args.emulate_cpus > 0:
-        raise ExecutionError(f"--emulate-cpus must be > 0, got {args.emulate_cpus:g}")
+    if args.emulate_cpus is not None:
+        _check_finite("--emulate-cpus", args.emulate_cpus, "> 0", args.emulate_cpus > 0)
     if args.emulate and under_torchrun():
         raise ExecutionError("--emulate starts its own processes: run it directly, not under torchrun")
     if args.adapt and not args.checkpoint_dir:
@@ -130,11 +141,30 @@ def _check_numbers(args: argparse.Namespace) -> None:
         get_planner(args.adapt_planner)  # an unknown name fails now, not at the first change
 
 
+def _check_finite(flag: str, value: float, rule: str, ok: bool) -> None:
+    if not (math.isfinite(value) and ok):
+        raise ExecutionError(f"{flag} must be a finite number {rule}, got {value:g}")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Directories the run writes that exist as files: refused now, not by a worker mid-run."""
+    for flag, path in (("--checkpoint-dir", args.checkpoint_dir), ("--run-dir", args.run_dir)):
+        check_dir_option(flag, path)
+    if args.metrics and Path(args.metrics).is_dir():
+        raise ExecutionError(f"--metrics {args.metrics} is a directory: pass a file path")
+
+
 def _make_plan(args: argparse.Namespace, cluster, workload):
+    from spantrain.errors import PlanError
     from spantrain.plan import Plan
 
     if args.plan:
-        return Plan.from_file(args.plan)
+        plan = Plan.from_file(args.plan)
+        if args.global_batch is not None and plan.batch != args.global_batch:
+            # the plan fixes the batch it trains; without --global-batch it trains it as it is
+            raise PlanError(f"--global-batch {args.global_batch} but plan {args.plan} trains {plan.batch} samples "
+                            f"per iteration (pass --global-batch {plan.batch}, or leave it out)")
+        return plan
     from spantrain.policies.registry import get_planner
 
     return get_planner(args.planner).plan(cluster, workload)
@@ -151,6 +181,7 @@ def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.preflight import check_run, cpu_cores, resume_state
 
     _check_numbers(args)
+    _check_paths(args)
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     plan = _make_plan(args, cluster, workload)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -13,7 +14,8 @@ def register(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--plan", "-p", required=True, metavar="FILE", help="plan JSON file")
     add_json_arg(p)
-    p.add_argument("--timeline", metavar="PNG", help="also draw a Gantt chart of the iteration to this file")
+    p.add_argument("--timeline", metavar="PNG",
+                   help=f"also draw a Gantt chart of the iteration to this file ({', '.join(FIGURE_FORMATS)})")
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants (YAML/JSON), e.g. examples/calibration/emulated-cpu.yaml for "
                         "spantrain's runtime on the local emulated cluster (default: the built-in assumptions)")
@@ -42,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from spantrain.env.costmodel import CostModel
     from spantrain.plan import Plan
 
+    if args.timeline:
+        check_figure_path(args.timeline, "--timeline")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     plan = Plan.from_file(args.plan)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from spantrain.cli._common import add_json_arg, load_cluster, print_json
+from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,8 @@ def register(p: argparse.ArgumentParser) -> None:
     s = sub.add_parser("show", help="print a cluster spec as tables, optionally plot it",
                        description="Print regions, devices and links of a cluster spec; optionally plot it.")
     s.add_argument("spec", metavar="FILE", help="cluster spec (YAML or JSON)")
-    s.add_argument("--plot", metavar="PNG", help="also draw the topology to this PNG")
+    s.add_argument("--plot", metavar="PNG",
+                   help=f"also draw the topology to this file ({', '.join(FIGURE_FORMATS)})")
     add_json_arg(s)
     s.set_defaults(func=_show)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
@@ -47,6 +49,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from spantrain.profiler.topoview import plot_topology, region_links, region_summary, tables
 
+    if args.plot:
+        check_figure_path(args.plot, "--plot")
     cluster = load_cluster(args.spec)
     if args.plot:
         plot_topology(cluster, args.plot)

@@ -23,13 +23,15 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from spantrain.cli._dataclass_args import dataclass_from_args
+    from spantrain.cli._dataclass_args import dataclass_from_args, flags_in_errors
     from spantrain.policies.ppo import SHIPPED_POLICY
     from spantrain.policies.train_config import TrainConfig
     from spantrain.policies.training import train
 
-    config = dataclass_from_args(TrainConfig, args)
-    summary = train(config)
+    with flags_in_errors(TrainConfig):
+        config = dataclass_from_args(TrainConfig, args)
+        _check_dirs(config)
+        summary = train(config)
     if args.ship:
         SHIPPED_POLICY.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(summary["best"]["policy"], SHIPPED_POLICY)
@@ -48,3 +50,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
           f"{best['policy']}{' (shipped)' if args.ship else ''}", file=sys.stderr)
     return 0
+
+
+def _check_dirs(config) -> None:
+    """Output directories that exist as files fail now, not after the heuristic starts."""
+    from spantrain.cli._common import check_dir_option
+
+    for name in ("out_dir", "cache_dir"):
+        check_dir_option(f"TrainConfig.{name}", getattr(config, name))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _one_line_error(code: int, out: str, err: str, needle: str) -> None:
@@ -85,6 +88,32 @@ def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
     _one_line_error(code, out, err, f"{afile / 'c.yaml'}: Not a directory")
     code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", tmp_path)
     _one_line_error(code, out, err, f"{tmp_path}: Is a directory")
+
+
+def test_non_utf8_inputs_are_one_line_errors(run_cli, tmp_path, demo_spec):
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00x")
+    cluster = _write(tmp_path, demo_spec)
+    plan = ROOT / "examples" / "plan-cee-demo.json"
+    for args in (["topo", "show", binary],
+                 ["plan", "-c", cluster, "-m", binary],
+                 ["plan", "-c", cluster, "-m", "gpt2-medium", "--from", binary],
+                 ["simulate", "-c", cluster, "-m", "gpt2-medium", "-p", binary],
+                 ["simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--calibration", binary]):
+        code, out, err = run_cli(*args)
+        _one_line_error(code, out, err, f"{binary}: not a UTF-8 text file")
+
+
+def test_bad_plot_paths_are_refused_before_any_work(run_cli, tmp_path):
+    missing = tmp_path / "nope.yaml"  # never read: the path is checked first
+    code, out, err = run_cli("topo", "show", missing, "--plot", tmp_path / "out.txt")
+    _one_line_error(code, out, err, "--plot")
+    assert "format '.txt' is not supported; give a file name ending in .png, .pdf, .svg" in err
+    code, out, err = run_cli("topo", "show", missing, "--plot", tmp_path)
+    _one_line_error(code, out, err, f"--plot {tmp_path}: is a directory")
+    code, out, err = run_cli("topo", "show", missing, "--plot", tmp_path / "sub" / "c.png")
+    _one_line_error(code, out, err, f"'{tmp_path / 'sub'}' does not exist (create it first)")
+    assert list(tmp_path.iterdir()) == []  # neither DIR.png nor the missing parent was made
 
 
 def test_real_process_prints_no_traceback(tmp_path):

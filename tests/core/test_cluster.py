@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import yaml
 
-from spantrain.cluster import GBPS, Cluster
+from spantrain.cluster import GBPS, MAX_DEVICES, Cluster
 from spantrain.errors import SpecError
 
 
@@ -89,9 +90,17 @@ def _mutate(spec, path, value):
     (("network", "default"), KeyError, "no link between regions 'cloud-a' and 'end-c'"),
     (("network", "overrides", 0, "between"), ["cloud-0", "cloud-9"], "unknown device 'cloud-9'"),
     (("network", "bandwidth"), 3, "unknown key 'bandwidth'"),
+    # figures whose unit conversion or cost-model products would overflow
+    (("devices", 1, "tflops"), 1e300, "tflops must be from 1e-30 to 1e+30, got 1e+300"),
+    (("devices", 1, "memory_gb"), 1e300, "memory_gb must be from 1e-30 to 1e+30"),
+    (("network", "links", 0, "gbps"), 1e-300, "gbps must be from 1e-30 to 1e+30"),
+    (("network", "links", 0, "latency_ms"), 1e300, "latency_ms must be at most 1e+30"),
+    # YAML 1.1 reads 1.0e9 as a string: say so
+    (("devices", 1, "tflops"), "1.0e9", "got the string '1.0e9' (YAML reads 1.0e9 as text; write 1.0e+9)"),
+    (("devices", 0, "count"), "4", "got the string '4' (write the number without quotes)"),
 ])
 def test_bad_specs_name_the_problem(demo_spec, path, value, message):
-    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SpecError, match=re.escape(message)):
         Cluster.from_spec(_mutate(demo_spec, path, value))
 
 
@@ -115,3 +124,35 @@ def test_file_errors_are_one_line(tmp_path):
     badj.write_text(json.dumps({"devices": []})[:-3])
     with pytest.raises(SpecError, match="JSON syntax error"):
         Cluster.from_file(badj)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00x")
+    with pytest.raises(SpecError, match=r"bin\.yaml: not a UTF-8 text file"):
+        Cluster.from_file(binary)
+
+
+def test_file_name_is_named_once(tmp_path):
+    p = tmp_path / "nodev.yaml"
+    p.write_text("network: {regions: {a: {gbps: 1, latency_ms: 1}}}\nname: 3\n")
+    with pytest.raises(SpecError) as err:
+        Cluster.from_file(p)
+    assert str(err.value) == f"{p}: missing required key 'devices'; name must be a string"
+
+
+def test_device_count_is_bounded_before_expansion(demo_spec):
+    demo_spec["devices"][0]["count"] = 10**9  # would hang expanding, or exhaust memory in the arrays
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    assert str(err.value) == (f"cluster spec: devices[0] (cloud): count must be at most {MAX_DEVICES} "
+                              "(the most devices a cluster may have), got 1000000000")
+    demo_spec["devices"][0]["count"] = MAX_DEVICES - 1  # + edge-0 + end-0
+    with pytest.raises(SpecError, match=f"{MAX_DEVICES + 1} devices after count expansion, at most {MAX_DEVICES}"):
+        Cluster.from_spec(demo_spec)
+    demo_spec["devices"][0]["count"] = MAX_DEVICES - 2
+    del demo_spec["network"]["overrides"]  # keeps the build of the largest cluster fast
+    assert len(Cluster.from_spec(demo_spec)) == MAX_DEVICES
+
+
+def test_generator_and_spec_share_the_device_limit():
+    from spantrain.profiler import topology
+
+    assert topology.MAX_DEVICES is MAX_DEVICES

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from spantrain.cluster import Cluster
-from spantrain.errors import PlanError
+from spantrain.errors import PlanError, WorkloadError
 from spantrain.plan import Pipeline, Plan, Stage, Sync
 from spantrain.workload import Workload
 
@@ -80,3 +80,37 @@ def test_layer_range_past_the_model_and_period_without_local_sgd():
 def test_malformed_plan_json(text, message):
     with pytest.raises(PlanError, match=message):
         Plan.from_json(text)
+
+
+def test_negative_layer_start_is_named():
+    plan = _plan(pipelines=(Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(
+        Stage(devices=("a",), layers=(-1, 14)), Stage(devices=("b",), layers=(14, 26)))),))
+    assert plan.problems(workload=W) == ["pipeline 0 stage 0: layer range [-1, 14) starts below 0 "
+                                         "(layers are numbered from 0)"]
+
+
+def test_plan_file_problems_are_one_line(tmp_path):
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00x")
+    with pytest.raises(PlanError, match=r"bin\.json: not a UTF-8 text file"):
+        Plan.from_file(binary)
+    plan = Plan.from_json('{"pipelines": [{"micro_batch_size": "2", "num_micro_batches": 1, "stages": []}]}')
+    assert ("pipeline 0: micro_batch_size must be a positive integer, got the string '2' (write the number "
+            "without quotes)") in plan.problems()
+
+
+def test_a_batch_beyond_the_limit_is_named_before_the_cost_model_allocates_for_it():
+    from spantrain.env.costmodel import CostModel
+    from spantrain.workload import MAX_GLOBAL_BATCH
+
+    plan = _plan(pipelines=(Pipeline(micro_batch_size=2, num_micro_batches=10**9, stages=(
+        Stage(devices=("a",), layers=(0, 14)), Stage(devices=("b",), layers=(14, 26)))),))
+    message = f"the plan's batch is {2 * 10**9} samples, more than the {MAX_GLOBAL_BATCH} a plan may have"
+    assert plan.problems(workload=W) == [message]
+    cluster = Cluster.from_spec({"name": "two", "devices": [{"id": "a", "region": "r", "tflops": 10, "memory_gb": 16},
+                                                            {"id": "b", "region": "r", "tflops": 10, "memory_gb": 16}],
+                                 "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}})
+    with pytest.raises(PlanError, match="more than the 65536"):
+        CostModel(cluster, W).flatten(plan)
+    with pytest.raises(WorkloadError, match="at most 65536 samples"):
+        W.with_global_batch(MAX_GLOBAL_BATCH + 1)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from spantrain.errors import WorkloadError
@@ -73,9 +75,26 @@ def test_yaml_forms(tmp_path):
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: rnn, vocab_size: 1, d_model: 4, n_layers: 1, "
      "n_heads: 1, d_ff: 4, max_seq_len: 8}\n", "unknown family 'rnn'"),
     ("global_batch: 2\nseq_len: 8\nprecision: fp8\nlayers: []\n", "precision must be one of"),
+    ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, d_ff: 4}\n",
+     "w.yaml: architecture: missing required key 'n_heads'"),
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1.0e9, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "forward_flops must be a number >= 0, got the string '1.0e9' (YAML reads 1.0e9 as "
+     "text; write 1.0e+9)"),
+    ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
+     "n_heads: '2', d_ff: 4, max_seq_len: 8}\n",
+     "w.yaml: architecture.n_heads must be a positive integer, got the string '2' (write the number without quotes)"),
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1.0e+300, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "forward_flops must be at most 1e+30, got 1e+300"),
 ])
 def test_bad_workload_files(tmp_path, text, message):
     p = tmp_path / "w.yaml"
     p.write_text(text)
-    with pytest.raises(WorkloadError, match=message):
+    with pytest.raises(WorkloadError, match=re.escape(message)):
+        load_workload(str(p))
+
+
+def test_non_utf8_workload_file(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"\xff\xfe\x00x")
+    with pytest.raises(WorkloadError, match=r"bin\.yaml: not a UTF-8 text file"):
         load_workload(str(p))

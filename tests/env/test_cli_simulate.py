@@ -70,3 +70,15 @@ def test_timeline_png(files, run_cli):
     code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--json", "--timeline", png)
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bad_timeline_paths_are_refused_before_any_work(files, run_cli):
+    cluster, plan, tmp = files
+    args = ("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline")
+    for path, needle in ((tmp / "t.txt", "format '.txt' is not supported; give a file name ending in .png, .pdf"),
+                         (tmp, f"--timeline {tmp}: is a directory"),
+                         (tmp / "sub" / "t.png", "does not exist (create it first)")):
+        code, out, err = run_cli(*args, path)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert needle in err, err
+    assert sorted(p.name for p in tmp.iterdir()) == ["cluster.json", "plan.json"]

@@ -40,8 +40,22 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag,value,error", [("--beam-width", "-1", "--beam-width must be >= 0, got -1"),
                                               ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0"),
-                                              ("--anneal-steps", "-5", "--anneal-steps must be >= 0, got -5")])
+                                              ("--anneal-steps", "-5", "--anneal-steps must be >= 0, got -5"),
+                                              *[("--ga-budget-s", v, "--ga-budget-s must be a finite positive "
+                                                 f"number of seconds, got {v}") for v in ("0", "-1", "nan", "inf")]])
 def test_bad_option_is_a_one_line_error(tmp_path, capsys, flag, value, error):
     assert eval_policy.main([flag, value, "--out", str(tmp_path / "out"), "--no-track"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"eval_policy: error: {error}" and not (tmp_path / "out").exists()
+
+
+def test_bad_paths_are_one_line_errors(tmp_path, capsys):
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("name: c\n")
+    assert eval_policy.main(["--quick", "--no-track", "--out", str(spec)]) == 2
+    assert capsys.readouterr().err.strip() == f"eval_policy: error: --out {spec} is a file, not a directory: pass a " \
+                                              "directory"
+    assert eval_policy.main(["--quick", "--no-track", "--policy", str(spec), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"eval_policy: error: {spec}: not a spantrain policy file (not a " \
+                                              "torch file of tensors and plain data)"
+    assert not (tmp_path / "out").exists()

@@ -76,6 +76,43 @@ def test_summary_arithmetic():
             "(geo-7-s1 LAN latency x200 m) |") in table
 
 
+@pytest.mark.parametrize("content, error", [
+    (None, "FILE: file not found"),
+    ("DIR", "FILE is a directory: pass a bench_planners.json file"),
+    ("", "FILE: not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("{", "FILE: not JSON (Expecting property name"),
+    (b"\x00\xff\xfe", "FILE: not JSON ('utf-8' codec can't decode byte 0xff"),
+    ("{}", "FILE: not a bench_planners.json (KeyError: 'spec'); pass a file this script wrote"),
+    ("[1]", "FILE: not a bench_planners.json (TypeError: "),
+    ('{"spec": {"bogus": 1}, "results": {}, "summary": {}}', "FILE: not a bench_planners.json (TypeError: "),
+])
+def test_bad_from_json_is_a_one_line_error(tmp_path, capsys, content, error):
+    saved = tmp_path / "saved.json"
+    if content == "DIR":
+        saved.mkdir()
+    elif isinstance(content, bytes):
+        saved.write_bytes(content)
+    elif content is not None:
+        saved.write_text(content)
+    assert bench.main(["--from-json", str(saved), "--out", str(tmp_path / "out"), "--no-track"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench_planners: error: --from-json {error.replace('FILE', str(saved))}"), err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.write_text("x")
+    assert bench.main(["--quick", "--out", str(out), "--no-track"]) == 2
+    assert capsys.readouterr().err == f"bench_planners: error: --out {out} is a file, not a directory: pass a " \
+                                      "directory\n"
+
+
+def test_from_json_reads_back_the_saved_results():
+    spec, results, summary = bench.load_saved(str(ROOT / "experiments" / "results" / "bench_planners.json"))
+    assert summary["cases"] == len(results["suite"]) > 0 and spec.suite_sizes
+
+
 @pytest.mark.slow
 def test_quick_run_writes_results_and_logs(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}

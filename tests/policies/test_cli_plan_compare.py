@@ -68,19 +68,39 @@ def test_plan_infeasible_baseline_is_printed_and_flagged(run_cli, cluster_file):
 @pytest.mark.parametrize("args, needle", [
     (["--planner", "magic"], "unknown planner 'magic'"),
     (["--planner", "heuristic", "--budget-s", "2"], "--budget-s is not an option of planner 'heuristic'"),
-    (["--planner", "ga", "--budget-s", "-1"], "--budget-s must be a positive number"),
+    (["--planner", "ga", "--budget-s", "-1"], "--budget-s must be a finite positive number"),
+    # inf is a bad value, not an option ga does not take
+    (["--planner", "ga", "--budget-s", "inf"], "--budget-s must be a finite positive number of seconds, got inf"),
     (["--model", "llama2-7b", "--global-batch", "8"], "fits nowhere"),
     (["--global-batch", "0"], "--global-batch must be a positive integer"),
+    # 10**9 samples ran the cost model out of memory
+    (["--planner", "heuristic", "--global-batch", "1000000000"],
+     "--global-batch must be a positive integer up to 65536 samples, got 1000000000"),
+    # a policy the user names must load: auto's heuristic fallback is for the shipped policy
+    (["--model", "BIG", "--planner", "heuristic"], "big.yaml: global_batch must be at most 65536 samples, got "
+                                                   "1000000000"),
+    (["--policy", "MISSING"], "missing.pt not found"),
+    (["--policy", "CLUSTER"], "tiny.yaml: not a spantrain policy file"),
+    (["--planner", "ppo", "--policy", "CLUSTER"], "tiny.yaml: not a spantrain policy file"),
+    (["--from", "RUNNING", "--policy", "MISSING"], "missing.pt not found"),
 ])
 def test_plan_bad_input_exits_2_with_one_line(run_cli, tmp_path, args, needle):
     spec = {"name": "tiny", "devices": [{"id": "gpu", "count": 2, "region": "r", "tflops": 12, "memory_gb": 12}],
             "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
+    running = tmp_path / "running.json"
+    running.write_text(json.dumps({"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1}, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 64, "stages": [{"devices": ["gpu-0"], "layers": [0, 14]}]}]}))
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump({"name": "big", "global_batch": 10**9, "seq_len": 64, "architecture": {
+        "family": "gpt2", "vocab_size": 256, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128,
+        "max_seq_len": 64}}))
+    paths = {"MISSING": tmp_path / "missing.pt", "CLUSTER": path, "RUNNING": running, "BIG": big}
     argv = ["plan", "--cluster", path]
     if "--model" not in args:
         argv += ["--model", "gpt2-small"]
-    code, out, err = run_cli(*argv, *args)
+    code, out, err = run_cli(*argv, *[paths.get(a, a) for a in args])
     _one_line_error(code, out, err, needle)
 
 
@@ -128,6 +148,22 @@ def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
     _one_line_error(code, out, err, "unknown planner(s) x")
 
 
+@pytest.mark.parametrize("args, needle", [
+    # an option no compared planner takes is refused, as `plan` refuses it
+    (["--planners", "heuristic", "--budget-s", "2"], "--budget-s is not an option of planner 'heuristic'"),
+    (["--planners", "heuristic,ddp", "--policy", "CLUSTER"], "--policy is not an option of any of the planners "
+                                                               "heuristic, ddp"),
+    (["--planners", "heuristic,auto", "--policy", "CLUSTER"], "cluster.yaml: not a spantrain policy file"),
+    (["--planners", "ppo", "--policy", "MISSING"], "missing.pt not found"),
+    (["--budget-s", "nan"], "--budget-s must be a finite positive number of seconds, got nan"),
+])
+def test_compare_bad_option_exits_2_with_one_line(run_cli, cluster_file, tmp_path, args, needle):
+    paths = {"MISSING": tmp_path / "missing.pt", "CLUSTER": cluster_file}
+    code, out, err = run_cli("compare", "--cluster", cluster_file, "--model", "gpt2-small",
+                             *[paths.get(a, a) for a in args])
+    _one_line_error(code, out, err, needle)
+
+
 def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
     # one-time loading (the policy, torch) is not planning: plan_s must not include it
     from spantrain.policies import compare
@@ -152,7 +188,8 @@ def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
     assert result.feasible and clock[0] == 101.0 and result.plan_s == 1.0  # prepared, untimed
 
 
-def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_path):
+def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_path, monkeypatch):
+    from spantrain.policies import ppo as ppo_module
     from spantrain.policies.compare import run_planner
     from spantrain.profiler.topology import generate
 
@@ -160,6 +197,10 @@ def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_p
     missing = str(tmp_path / "missing.pt")
     ppo = run_planner("ppo", cluster, workload, policy=missing)
     assert not ppo.feasible and "not found" in ppo.reason
+    # a policy file named explicitly must load; the fallback is for the shipped policy
     auto = run_planner("auto", cluster, workload, policy=missing)
+    assert not auto.feasible and "not found" in auto.reason
+    monkeypatch.setattr(ppo_module, "SHIPPED_POLICY", tmp_path / "shipped-missing.pt")
+    auto = run_planner("auto", cluster, workload)
     heuristic = run_planner("heuristic", cluster, workload)
     assert auto.feasible and auto.plan == heuristic.plan

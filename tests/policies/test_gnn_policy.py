@@ -146,25 +146,65 @@ def test_loading_the_policy_leaves_no_files_in_the_temp_directory(tmp_path):
     assert left == []
 
 
-def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys):
+def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys, monkeypatch):
+    from spantrain.errors import PolicyError
+    from spantrain.policies import ppo
     from spantrain.policies.heuristic import HeuristicPlanner
-    from spantrain.policies.ppo import AutoPlanner
 
     cluster = generate(6, seed=2, profile="geo")
     workload = Workload.from_preset("gpt2-medium")
-    plan = AutoPlanner(policy=str(tmp_path / "missing.pt")).plan(cluster, workload)
+    monkeypatch.setattr(ppo, "SHIPPED_POLICY", tmp_path / "shipped-missing.pt")
+    plan = ppo.AutoPlanner().plan(cluster, workload)
     assert plan == HeuristicPlanner().plan(cluster, workload)
-    assert "using the heuristic plan" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "using the heuristic plan" in err and "use --planner heuristic" in err
+    # the fallback is for the shipped policy: a file the user names must load
+    with pytest.raises(PolicyError, match=r"missing\.pt not found"):
+        ppo.AutoPlanner(policy=str(tmp_path / "missing.pt")).plan(cluster, workload)
+    with pytest.raises(PolicyError, match=r"missing\.pt not found"):
+        ppo.AutoPlanner(policy=str(tmp_path / "missing.pt")).prepare()
 
 
-def test_corrupt_policy_file_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("content, reason", [
+    (b"not a policy", "not a torch file of tensors and plain data"),
+    (b"name: cluster\ndevices: []\n", "not a torch file of tensors and plain data"),  # a spec file
+    (b"", "empty or truncated"),
+    ("TENSOR", "it holds a Tensor"),
+    ("DICT", "it holds a dict without a 'format' key"),
+    ("DIR", "it is a directory"),
+])
+def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reason):
+    import torch
+
     from spantrain.errors import PolicyError
     from spantrain.policies.ppo import load_policy
 
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a policy")
-    with pytest.raises(PolicyError, match="unusable"):
+    if content == "TENSOR":
+        torch.save(torch.zeros(2), bad)
+    elif content == "DICT":
+        torch.save({"state_dict": {}}, bad)
+    elif content == "DIR":
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    with pytest.raises(PolicyError) as e:
         load_policy(bad)
+    # torch's own message runs to many lines about weights_only and arbitrary code execution
+    assert str(e.value) == f"{bad}: not a spantrain policy file ({reason})"
+
+
+def test_a_policy_whose_network_does_not_build_is_unusable(tmp_path):
+    import torch
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import load_policy
+
+    bad = tmp_path / "bad.pt"
+    torch.save({"format": 1, "net": {"bogus": 1}, "state_dict": {}}, bad)
+    with pytest.raises(PolicyError, match=r"unusable .*bogus.*; retrain it with `spantrain train-policy`$") as e:
+        load_policy(bad)
+    assert "\n" not in str(e.value) and "--planner heuristic" not in str(e.value)
 
 
 def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):

@@ -125,6 +125,9 @@ def test_exhaustive_is_never_beaten(profile, n, seed, model):
 def test_exhaustive_refuses_large_clusters():
     with pytest.raises(PlannerError, match="at most 8"):
         get_planner("exhaustive").plan(generate(9, 0, "datacenter"), Workload.from_preset("gpt2-small"))
+    # compare keys results by planner name: the reason does not repeat it ("exhaustive: exhaustive: ...")
+    result = run_planner("exhaustive", generate(9, 0, "datacenter"), Workload.from_preset("gpt2-small"))
+    assert result.reason.startswith("cluster ") and "at most 8" in result.reason
 
 
 # ---- bad input -----------------------------------------------------------------------------------

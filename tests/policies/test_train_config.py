@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from spantrain.errors import SpantrainError
 from spantrain.policies.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("field,value", [("timesteps", -1), ("start_kicks", -2), ("imitation_episodes", 1.5),
@@ -38,4 +42,63 @@ def test_missing_init_policy_fails_before_any_work(tmp_path):
     with pytest.raises(SpantrainError, match=r"init_policy: .*missing\.pt not found"):
         train(TrainConfig(init_policy=str(tmp_path / "missing.pt"), out_dir=str(tmp_path / "run"),
                           cache_dir=str(tmp_path / "cache"), track=False, progress=False))
+    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("seed", -1, "seed must be an integer from 0 to 4294967295, got -1"),
+    ("learning_rate", float("nan"), "learning_rate must be a finite number > 0, got nan"),
+    ("learning_rate", float("inf"), "learning_rate must be a finite number > 0, got inf"),
+    ("ent_coef", float("nan"), "ent_coef must be a finite number >= 0, got nan"),
+    ("ent_coef", float("inf"), "ent_coef must be a finite number >= 0, got inf"),
+    ("gamma", 0.0, "gamma must be a finite number in (0, 1], got 0.0"),
+    ("max_devices", 100_000, "max_devices must be at most 4096 (the largest generated cluster), got 100000"),
+    ("models", ("gpt2-medium", "tiny-custom.yaml"), "models: tiny-custom.yaml: training draws its workloads from "
+                                                    "presets only (tiny-gpt, "),
+    ("models", (), "models must name at least one preset"),
+])
+def test_bad_value_is_named_with_the_value(field, value, needle):
+    with pytest.raises(SpantrainError) as e:
+        TrainConfig(**{field: value})
+    assert str(e.value).startswith(f"TrainConfig.{needle}"), str(e.value)
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--learning-rate", "-1"], "--learning-rate must be a finite number > 0, got -1.0"),
+    (["--learning-rate", "nan"], "--learning-rate must be a finite number > 0, got nan"),
+    (["--gamma", "0"], "--gamma must be a finite number in (0, 1], got 0.0"),
+    (["--ent-coef", "inf"], "--ent-coef must be a finite number >= 0, got inf"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 4294967295, got -1"),
+    (["--n-envs", "0"], "--n-envs must be a positive integer, got 0"),
+    (["--max-devices", "100000"], "--max-devices must be at most 4096 (the largest generated cluster), got 100000"),
+    (["--min-devices", "40"], "--min-devices must be from 2 to --max-devices (32), got 40"),
+    (["--models", ","], "--models must name at least one preset"),
+    (["--models", "FILE"], "--models: FILE: training draws its workloads from presets only"),
+    (["--timesteps", "0", "--imitation-episodes", "0"], "--timesteps and --imitation-episodes are both 0"),
+    (["--out-dir", "FILE"], "--out-dir FILE is a file, not a directory"),
+    (["--cache-dir", "FILE"], "--cache-dir FILE is a file, not a directory"),
+])
+def test_train_policy_errors_name_the_flag(run_cli, tmp_path, monkeypatch, args, error):
+    from spantrain.policies import training
+
+    def no_training(config):
+        raise AssertionError("the bad flag passed: training started")
+
+    monkeypatch.setattr(training, "train", no_training)
+    workload = tmp_path / "tiny-custom.yaml"  # an existing file: a workload, not a directory
+    workload.write_text((ROOT / "examples" / "tiny-custom.yaml").read_text())
+    code, out, err = run_cli("train-policy", "--no-track", "--no-progress",
+                             *[str(workload) if a == "FILE" else a for a in args])
+    assert code == 2 and out == ""
+    assert err.strip().startswith(f"spantrain train-policy: error: {error.replace('FILE', str(workload))}"), err
+    assert "TrainConfig" not in err and "EnvConfig" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_init_policy_that_is_not_a_policy_is_one_line_without_planner_advice(run_cli, tmp_path):
+    spec = ROOT / "examples" / "cee-demo.yaml"
+    code, out, err = run_cli("train-policy", "--init-policy", spec, "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache", "--no-track", "--no-progress")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: {spec}: not a spantrain policy file "
+                                        "(not a torch file of tensors and plain data)"]
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed

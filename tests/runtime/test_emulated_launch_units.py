@@ -24,7 +24,7 @@ def _args(tmp_path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("extra, expected", [
     (["--emulate-cpus", "2"], "--emulate-cpus and --emulate-mode only apply with --emulate"),
     (["--emulate-mode", "local"], "--emulate-cpus and --emulate-mode only apply with --emulate"),
-    (["--emulate", "--emulate-cpus", "0"], "--emulate-cpus must be > 0"),
+    (["--emulate", "--emulate-cpus", "0"], "--emulate-cpus must be a finite number > 0, got 0"),
 ])
 def test_emulate_options_are_checked_before_anything_starts(tmp_path, extra, expected):
     code, out, err = spantrain_here(*_args(tmp_path, *extra))

@@ -56,6 +56,32 @@ def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("extra, expected", [
+    (["--seed", "-1"], "--seed must be an integer from 0 to 4294967295, got -1"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
+    (["--adam-eps", "inf"], "--adam-eps must be a finite number > 0, got inf"),
+    (["--timeout", "inf"], "--timeout must be a finite number of seconds in (0, 604800], got inf"),
+    (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file, not a directory"),
+    (["--run-dir", "FILE"], "--run-dir FILE is a file, not a directory"),
+    (["--data", "DIR"], "--data DIR is a directory"),
+    # the plan trains 10 samples per iteration: a different --global-batch is refused, not ignored
+    (["--global-batch", "8"], "--global-batch 8 but plan PLAN trains 10 samples per iteration (pass --global-batch "
+                              "10, or leave it out)"),
+])
+def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, extra, expected):
+    places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json"}
+    places["FILE"].write_text("x")
+    places["DIR"].mkdir()
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
+                     "--run-dir", str(tmp_path / "run"), *[str(places.get(x, x)) for x in extra])
+    line = _one_error_line(*spantrain_here(*args))
+    for name, path in places.items():
+        expected = expected.replace(name, str(path))
+    assert line.startswith(f"spantrain run: error: {expected}"), line
+    assert not (tmp_path / "run").exists()  # nothing was launched
+
+
 def test_unknown_planner_is_a_clean_error(tmp_path):
     cluster, model = write_inputs(tmp_path)
     result = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--planner", "no-such-planner",
