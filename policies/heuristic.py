@@ -70,7 +70,11 @@
    must change together to stay balanced: a move here changes every pipeline of one class
    sequence alike (reorder the classes, drop a position, insert or swap in an idle device
    of one class), while it helps.
-9. **Cuts** (`spantrain.policies.cuts`): move the layer cuts a layer or two while the cost
+9. **Uneven twins** (`spantrain.policies.uneven`): hand a set of devices from one
+   data-parallel pipeline to its twin (same class sequence), the shares rebalanced; where
+   the model barely fits a pipeline, a long and a short one can beat two equal ones
+   (2.8 % on a 24-device datacenter cluster with llama2-7b: 17 and 7 stages, not 12 and 12).
+10. **Cuts** (`spantrain.policies.cuts`): move the layer cuts a layer or two while the cost
    model says it helps, data-parallel replicas of one kind alike. The partitioner's
    dynamic programming optimizes a per-stage proxy that leaves out warm-up, bubbles and
    sync (1.6 % on a 128-device geo cluster with llama2-7b).
@@ -96,6 +100,7 @@ from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.policies.grouping import compute_units, device_classes, network_groups
 from spantrain.policies.lockstep import lockstep_refine, reorderings
+from spantrain.policies.uneven import split_unevenly
 from spantrain.workload import Workload
 
 __all__ = ["HeuristicConfig", "HeuristicPlanner"]
@@ -201,7 +206,7 @@ class HeuristicPlanner:
                 finals.append(again)
         best = min((self._order_long_pipelines(search, self._final_refine(search, c)) for c in finals),
                    key=lambda c: c.rank)
-        best = refine_cuts(ev, self._lockstep(ev, best))
+        best = refine_cuts(ev, self._uneven(ev, self._lockstep(ev, best)))
         self.stats = {"plan_s": time.perf_counter() - t0, "cost_model_calls": ev.calls, "units": len(search.units)}
         if not best.feasible:
             raise no_fit_error(ev.model, self.name)
@@ -306,6 +311,20 @@ class HeuristicPlanner:
         tuned, _ = tune_knobs(ev, ev.balance(moved.layout, moved.knobs, shares=moved.shares),
                               self.config.allow_local_sgd)
         return tuned if tuned.rank < best.rank else moved
+
+
+    def _uneven(self, ev: Evaluator, best: Candidate) -> Candidate:
+        """Step 9 of the module docstring: devices handed from one data-parallel pipeline to
+        its twin; knobs tuned again if the layout changed."""
+        moved = split_unevenly(ev, best)
+        if moved is best:
+            return best
+        tuned, _ = tune_knobs(ev, ev.balance(moved.layout, moved.knobs, shares=moved.shares),
+                              self.config.allow_local_sgd)
+        if tuned.knobs == moved.knobs:  # the same plan, its cuts the partitioner's again
+            return moved
+        tuned = refine_cuts(ev, tuned)
+        return tuned if tuned.rank < moved.rank else moved
 
 
 _ORDER_STAGES = (11, 16)

@@ -27,8 +27,9 @@ __all__ = ["HeuristicStarts", "default_cache_dir"]
 
 # bump when the heuristic's plans change (v2: long pipelines reordered; v3: and trimmed;
 # v4: a zero-bubble second pass when no zero-bubble plan fit; v5: the fastest device alone;
-# v6: a ZB-H2 structure pass; v7: a GPipe structure pass; v8: lockstep moves; v9: cut moves)
-_VERSION = "heuristic-v9"
+# v6: a ZB-H2 structure pass; v7: a GPipe structure pass; v8: lockstep moves; v9: cut moves;
+# v10: uneven twins)
+_VERSION = "heuristic-v10"
 
 
 def default_cache_dir() -> Path:
