@@ -8,7 +8,8 @@ On a 24-device datacenter cluster with llama2-7b (eight V100, eight A100-80GB, e
 A100-40GB), two 12-stage pipelines became pipelines of 17 and 7 stages, 2.8 % faster;
 on the planner benchmark, 2 of 189 plans gain (up to 2.7 %, both llama2-7b).
 
-`split_unevenly` takes two pipelines of the same device-class sequence and moves a set
+`split_unevenly` takes two pipelines of the same device-class sequence (of up to
+`lockstep.MAX_STAGES` stages) and moves a set
 of the donor's devices into the receiver, each next to the receiver's devices of its
 class; sets are drawn by class counts, smallest first, up to `MAX_TRANSFERS` per pair.
 Moving every device merges the two. Shares are rebalanced for each plan scored, and the
@@ -24,6 +25,7 @@ from collections import defaultdict
 from spantrain.env.evaluator import Candidate, Evaluator, Layout
 from spantrain.env.symmetry import device_classes
 from spantrain.policies.cuts import refine_cuts
+from spantrain.policies.lockstep import MAX_STAGES
 
 __all__ = ["split_unevenly", "transfers", "MAX_TRANSFERS"]
 
@@ -67,8 +69,8 @@ def split_unevenly(ev: Evaluator, cand: Candidate) -> Candidate:
         groups[tuple(labels[d] for d in pipe)].append(i)
     base = best = refine_cuts(ev, cand)  # judged against the twins with their own cuts moved
     for members in groups.values():
-        if len(members) < 2:
-            continue
+        if len(members) < 2 or len(cand.layout[members[0]]) > MAX_STAGES:
+            continue  # the partitioner's cost grows fast with stages: 8 s for 22-stage twins
         a, b = members[:2]  # twins are interchangeable: one pair stands for all
         rest = [p for i, p in enumerate(cand.layout) if i not in (a, b)]
         for receiver, donor in transfers(cand.layout[a], cand.layout[b], labels):
