@@ -312,7 +312,6 @@ class HeuristicPlanner:
                               self.config.allow_local_sgd)
         return tuned if tuned.rank < best.rank else moved
 
-
     def _uneven(self, ev: Evaluator, best: Candidate) -> Candidate:
         """Step 9 of the module docstring: devices handed from one data-parallel pipeline to
         its twin; knobs tuned again if the layout changed."""

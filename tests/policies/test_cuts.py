@@ -45,15 +45,16 @@ def test_the_cost_decides_and_an_unhelpful_move_returns_the_candidate_itself(eig
 
 
 def test_the_heuristic_moves_its_cuts_replicas_alike():
-    # datacenter-24 seed 1487649 (an evaluation cluster), llama2-7b: two 12-stage pipelines
-    # of the same device classes; moving their cuts together makes the plan 0.9 % faster
-    cluster = generate(24, seed=1487649, profile="datacenter")
+    # datacenter-64 seed 1826018 (an evaluation cluster), llama2-7b: eight 7-stage pipelines
+    # of the same device classes; moving their cuts together makes the plan 1.0 % faster
+    cluster = generate(64, seed=1826018, profile="datacenter")
     w = Workload.from_preset("llama2-7b")
     ev = Evaluator(cluster, w)
     best = HeuristicPlanner().best_candidate(ev)
     dp = ev.evaluate(best.layout, best.shares, best.knobs)  # the same plan, the partitioner's cuts
     assert best.time < 0.995 * dp.time
-    assert len(best.built) == 2 and best.built[0][1] == best.built[1][1] != dp.built[0][1]
+    assert len(best.built) == 8 and len({starts for _, starts, _, _ in best.built}) == 1
+    assert best.built[0][1] != dp.built[0][1]
 
 
 def test_plan_from_offers_the_running_devices_with_moved_cuts(eight_stages):
