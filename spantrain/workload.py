@@ -46,8 +46,12 @@ from typing import Any, Literal
 from spantrain._spec import check_keys, got, nonempty_str, nonneg_number, positive_int, read_structured
 from spantrain.errors import WorkloadError
 
-__all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "load_workload"]
+__all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "MAX_LAYERS",
+           "load_workload"]
 
+MAX_LAYERS = 4096
+"""Most layers a workload may have: published models have up to a few hundred, and every
+planner's partition and the cost model grow with the count (10**9 would not fit memory)."""
 MAX_GLOBAL_BATCH = 2**16
 """Largest global batch: 65,536 samples per iteration, beyond the largest batches trained in
 practice (large-batch BERT and ImageNet runs); planning time and memory grow with the batch
@@ -110,6 +114,8 @@ class Architecture:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise WorkloadError(f"architecture.{f} must be a positive integer, {got(v)}")
+        if self.n_layers > MAX_LAYERS - 2:  # plus the embedding and the head
+            raise WorkloadError(f"architecture.n_layers must be at most {MAX_LAYERS - 2}, got {self.n_layers}")
         if self.d_model % self.n_heads:
             raise WorkloadError(f"architecture.d_model ({self.d_model}) must be divisible by "
                                 f"n_heads ({self.n_heads})")
@@ -345,6 +351,8 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
                                   tied_embeddings=bool(spec.get("tied_embeddings", False)))
     layers = list(_parse_layers(spec["layers"], source, problems))
+    if len(layers) > MAX_LAYERS:
+        problems.append(f"{source}: {len(layers)} layers, at most {MAX_LAYERS} are supported")
     if problems:
         raise WorkloadError("; ".join(problems))
     return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
@@ -368,6 +376,10 @@ def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]
         b = nonneg_number(entry, "input_grad_flops", where, problems) if "input_grad_flops" in entry else fwd
         w = nonneg_number(entry, "weight_grad_flops", where, problems) if "weight_grad_flops" in entry else fwd
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1
+        if count is not None and count > MAX_LAYERS:
+            problems.append(f"{where}: count must be at most {MAX_LAYERS} (the most layers a workload may have), "
+                            f"got {count}")
+            count = None
         if None in (name, fwd, b, w, count) or None in vals.values():
             continue
         names = [name] if "count" not in entry else [f"{name}-{i}" for i in range(count)]

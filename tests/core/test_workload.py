@@ -85,6 +85,14 @@ def test_yaml_forms(tmp_path):
      "w.yaml: architecture.n_heads must be a positive integer, got the string '2' (write the number without quotes)"),
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1.0e+300, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "forward_flops must be at most 1e+30, got 1e+300"),
+    # a billion layers would be expanded one by one: refused at once
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 1000000000, forward_flops: 1, params: 1, "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "layers[0]: count must be at most 4096"),
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 4000, forward_flops: 1, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}, {name: b, count: 4000, forward_flops: 1, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "8000 layers, at most 4096 are supported"),
+    ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1000000000, "
+     "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "architecture.n_layers must be at most 4094"),
 ])
 def test_bad_workload_files(tmp_path, text, message):
     p = tmp_path / "w.yaml"
