@@ -206,7 +206,7 @@ class HeuristicPlanner:
                 finals.append(again)
         best = min((self._order_long_pipelines(search, self._final_refine(search, c)) for c in finals),
                    key=lambda c: c.rank)
-        best = refine_cuts(ev, self._uneven(ev, self._lockstep(ev, best)))
+        best = self._uneven(ev, refine_cuts(ev, self._lockstep(ev, best)))
         self.stats = {"plan_s": time.perf_counter() - t0, "cost_model_calls": ev.calls, "units": len(search.units)}
         if not best.feasible:
             raise no_fit_error(ev.model, self.name)
@@ -299,7 +299,7 @@ class HeuristicPlanner:
             cur = step
         if cur is best:
             return best
-        tuned, _ = tune_knobs(ev, ev.balance(cur.layout, cur.knobs, shares=cur.shares), self.config.allow_local_sgd)
+        tuned = self._retuned(ev, cur)
         return tuned if tuned.rank < best.rank else best
 
     def _lockstep(self, ev: Evaluator, best: Candidate) -> Candidate:
@@ -308,22 +308,27 @@ class HeuristicPlanner:
         moved = lockstep_refine(ev, best)
         if moved is best:
             return best
-        tuned, _ = tune_knobs(ev, ev.balance(moved.layout, moved.knobs, shares=moved.shares),
-                              self.config.allow_local_sgd)
+        tuned = self._retuned(ev, moved)
         return tuned if tuned.rank < best.rank else moved
 
     def _uneven(self, ev: Evaluator, best: Candidate) -> Candidate:
-        """Step 9 of the module docstring: devices handed from one data-parallel pipeline to
-        its twin; knobs tuned again if the layout changed."""
+        """Step 9 of the module docstring, on a plan whose cuts step 10 already moved (so
+        step 10 runs first and is not repeated): devices handed from one data-parallel
+        pipeline to its twin; knobs tuned again if the layout changed."""
         moved = split_unevenly(ev, best)
         if moved is best:
             return best
-        tuned, _ = tune_knobs(ev, ev.balance(moved.layout, moved.knobs, shares=moved.shares),
-                              self.config.allow_local_sgd)
+        tuned = self._retuned(ev, moved)
         if tuned.knobs == moved.knobs:  # the same plan, its cuts the partitioner's again
             return moved
         tuned = refine_cuts(ev, tuned)
         return tuned if tuned.rank < moved.rank else moved
+
+    def _retuned(self, ev: Evaluator, moved: Candidate) -> Candidate:
+        """`moved`'s layout with its knobs tuned again (steps 7-9 after a layout change)."""
+        tuned, _ = tune_knobs(ev, ev.balance(moved.layout, moved.knobs, shares=moved.shares),
+                              self.config.allow_local_sgd)
+        return tuned
 
 
 _ORDER_STAGES = (11, 16)

@@ -60,14 +60,15 @@ def transfers(receiver: tuple[int, ...], donor: tuple[int, ...], labels: list[in
 
 def split_unevenly(ev: Evaluator, cand: Candidate) -> Candidate:
     """The best plan one transfer between twin pipelines reaches from `cand` under its knobs
-    (`cand` itself when none is better by more than 0.01 %)."""
+    (`cand` itself when none is better by more than 0.01 %). Pass `cand` with its cuts
+    moved (`refine_cuts`): transfers, whose cuts are moved, are judged against it."""
     if not cand.feasible or cand.built is None:
         return cand
     labels = device_classes(ev.cluster)
     groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, pipe in enumerate(cand.layout):
         groups[tuple(labels[d] for d in pipe)].append(i)
-    base = best = refine_cuts(ev, cand)  # judged against the twins with their own cuts moved
+    best = cand
     for members in groups.values():
         if len(members) < 2 or len(cand.layout[members[0]]) > MAX_STAGES:
             continue  # the partitioner's cost grows fast with stages: 8 s for 22-stage twins
@@ -80,4 +81,4 @@ def split_unevenly(ev: Evaluator, cand: Candidate) -> Candidate:
                 c = refine_cuts(ev, c)
                 if c.time < best.time * (1 - 1e-4):
                     best = c
-    return cand if best is base else best
+    return best
