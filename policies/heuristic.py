@@ -70,14 +70,15 @@
    must change together to stay balanced: a move here changes every pipeline of one class
    sequence alike (reorder the classes, drop a position, insert or swap in an idle device
    of one class), while it helps.
-9. **Uneven twins** (`spantrain.policies.uneven`): hand a set of devices from one
-   data-parallel pipeline to its twin (same class sequence), the shares rebalanced; where
-   the model barely fits a pipeline, a long and a short one can beat two equal ones
-   (2.8 % on a 24-device datacenter cluster with llama2-7b: 17 and 7 stages, not 12 and 12).
-10. **Cuts** (`spantrain.policies.cuts`): move the layer cuts a layer or two while the cost
+9. **Cuts** (`spantrain.policies.cuts`): move the layer cuts a layer or two while the cost
    model says it helps, data-parallel replicas of one kind alike. The partitioner's
    dynamic programming optimizes a per-stage proxy that leaves out warm-up, bubbles and
    sync (1.6 % on a 128-device geo cluster with llama2-7b).
+10. **Uneven twins** (`spantrain.policies.uneven`): hand a set of devices from one
+   data-parallel pipeline to its twin (same class sequence), the shares rebalanced and the
+   cuts moved as in step 9; where the model barely fits a pipeline, a long and a short one
+   can beat two equal ones (2.8 % on a 24-device datacenter cluster with llama2-7b: 17 and
+   7 stages, not 12 and 12).
 
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).
@@ -312,9 +313,9 @@ class HeuristicPlanner:
         return tuned if tuned.rank < best.rank else moved
 
     def _uneven(self, ev: Evaluator, best: Candidate) -> Candidate:
-        """Step 9 of the module docstring, on a plan whose cuts step 10 already moved (so
-        step 10 runs first and is not repeated): devices handed from one data-parallel
-        pipeline to its twin; knobs tuned again if the layout changed."""
+        """Step 10 of the module docstring, on a plan whose cuts step 9 moved: devices
+        handed from one data-parallel pipeline to its twin; knobs tuned again if the
+        layout changed."""
         moved = split_unevenly(ev, best)
         if moved is best:
             return best

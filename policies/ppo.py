@@ -5,7 +5,7 @@ running) and lets the policy improve it by moves in `PlanEnv`: one deterministic
 rollout plus a few sampled ones (`default_samples`), run as one batch through the
 network; the cost model scores every plan visited and the best one wins, so the result
 is never worse than the start. When the policy moved devices, the winner's layer cuts
-get the heuristic's last step (`spantrain.policies.cuts`). The network is
+get the heuristic's cut step (`spantrain.policies.cuts`). The network is
 size-agnostic, so the environment is padded to the cluster's own size: a policy trained
 on 4-32 devices plans 128.
 
@@ -238,7 +238,7 @@ class PPOPlanner:
             t1 = time.perf_counter()
             scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
             best = self.improve(scenario)
-            if best is not start:  # the policy moved devices: its layout gets the heuristic's last step
+            if best is not start:  # the policy moved devices: its layout gets the heuristic's cut step
                 best = refine_cuts(ev, best)
         self.stats = {"plan_s": time.perf_counter() - t0, "start_s": t1 - t0, "policy_s": time.perf_counter() - t1,
                       "gain": start.time / best.time}

@@ -1,4 +1,4 @@
-"""Layer-cut moves (`spantrain.policies.cuts`): the heuristic's last step and `plan --from`'s recut."""
+"""Layer-cut moves (`spantrain.policies.cuts`): the heuristic's step 9 and `plan --from`'s recut."""
 
 from __future__ import annotations
 

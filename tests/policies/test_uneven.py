@@ -1,4 +1,4 @@
-"""Uneven twins (`spantrain.policies.uneven`): the heuristic's step 9."""
+"""Uneven twins (`spantrain.policies.uneven`): the heuristic's last step."""
 
 from __future__ import annotations
 
