@@ -308,7 +308,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
 
     paths = []
     sizes = sorted({r["devices"] for r in rows})
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     for k, name in enumerate(("ppo", "ppo-alone", "ga")):
         data = [[r["heuristic"]["iteration_s"] / r[name]["iteration_s"] for r in rows
                  if r["devices"] == n and np.isfinite(r["heuristic"]["iteration_s"])] for n in sizes]
@@ -321,7 +321,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
     ax.set_xlabel("devices (64 and 128: beyond training sizes)")
     ax.set_ylabel("heuristic time / planner time")
     ax.set_title("held-out clusters: plans relative to the heuristic")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: boxes reach every corner
     paths.append(save_figure(fig, out / "policy_ratios.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 4))
