@@ -23,6 +23,8 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     assert summary["planning"]["training sizes (8-32)"]["anneal"]["worse"] == 0.0
     assert summary["planning"]["64 devices"]["anneal"]["worse"] == 0.0  # annealing runs at every size
     assert "beam" not in summary["planning"]["64 devices"]  # too costly beyond training sizes
+    # ppo is one of the planners the headroom bound takes the best of
+    assert summary["headroom"]["ppo_better_1pct"] <= summary["headroom"]["any_better_1pct"]
     adapt = summary["adaptation"]
     # `plan --from` picks the best of keeping, the policy's move and the heuristic's re-plan
     assert adapt["auto_below_keep_or_replan"] == 0.0 and adapt["auto_over_keep"] >= 1.0
@@ -59,3 +61,22 @@ def test_bad_paths_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"eval_policy: error: {spec}: not a spantrain policy file (not a " \
                                               "torch file of tensors and plain data)"
     assert not (tmp_path / "out").exists()
+
+
+def _row(name: str, heuristic: float, **times: float) -> dict:
+    profile, n = name.split("-")
+    row = {"profile": profile, "devices": int(n), "model": "gpt2-xl", "heuristic": {"iteration_s": heuristic}}
+    row.update({planner: {"iteration_s": t} for planner, t in times.items()})
+    return row
+
+
+def test_headroom_bound_counts_cases_any_search_beats_by_one_percent():
+    rows = [_row("cee-8", 1.0, ppo=1.0, anneal=0.98, ga=1.2),  # annealing 2 % faster: counted
+            _row("geo-16", 1.0, ppo=0.995, anneal=0.999),  # 0.5 %: below the bar
+            _row("datacenter-64", 2.0, ppo=1.9, lookahead=2.0),  # the policy itself, 5 %
+            _row("geo-8", float("inf"), ppo=float("inf"))]  # nothing fits: not a case
+    bound = eval_policy._headroom_bound(rows)
+    assert bound == {"cases": 3, "any_better_1pct": 2, "ppo_better_1pct": 1,
+                     "where": ["cee-8 gpt2-xl", "datacenter-64 gpt2-xl"]}
+    assert "any planner or search in the table >= 1 % better than heuristic: 2 of 3 cases (67%)" in \
+        eval_policy.markdown({"planning": {}, "headroom": bound, "auto_over_best_baseline_cee": 1.0})
