@@ -193,9 +193,8 @@ class ExhaustivePlanner:
 
     def best_candidate(self, ev: Evaluator) -> Candidate:
         """The optimal candidate, its cuts moved (raises `PlannerError` when nothing fits)."""
-        cluster = ev.cluster
         B = ev.batch
-        labels = device_classes(cluster)
+        labels = ev.classes
         members: dict[int, list[int]] = {}
         for i, c in enumerate(labels):
             members.setdefault(c, []).append(i)

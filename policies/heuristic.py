@@ -99,7 +99,7 @@ from spantrain.plan import SCHEDULES, Plan
 from spantrain.planner import gc_paused
 from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.feasibility import no_fit_error
-from spantrain.policies.grouping import compute_units, device_classes, network_groups
+from spantrain.policies.grouping import compute_units, network_groups
 from spantrain.policies.lockstep import lockstep_refine, reorderings
 from spantrain.policies.uneven import split_unevenly
 from spantrain.workload import Workload
@@ -273,7 +273,7 @@ class HeuristicPlanner:
             return best
         ev = search.ev
         cur = best
-        labels = device_classes(ev.cluster)
+        labels = ev.classes
         for _ in range(_ORDER_ROUNDS):
             step = cur
             # one idle device per class of interchangeable devices: the others give the same plans

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 from spantrain.env.evaluator import Candidate, Evaluator, Layout
-from spantrain.env.symmetry import device_classes
 
 __all__ = ["lockstep_refine", "reorderings", "MAX_STAGES", "MAX_ROUNDS"]
 
@@ -95,7 +94,7 @@ def lockstep_refine(ev: Evaluator, cand: Candidate) -> Candidate:
     for every layout scored; knobs are left to the caller to tune again."""
     if not cand.feasible:
         return cand
-    labels = device_classes(ev.cluster)
+    labels = ev.classes
     cur = cand
     for _ in range(MAX_ROUNDS):
         groups: dict[Sequence, list[int]] = defaultdict(list)

@@ -23,7 +23,6 @@ import itertools
 from collections import defaultdict
 
 from spantrain.env.evaluator import Candidate, Evaluator, Layout
-from spantrain.env.symmetry import device_classes
 from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.lockstep import MAX_STAGES
 
@@ -64,7 +63,7 @@ def split_unevenly(ev: Evaluator, cand: Candidate) -> Candidate:
     moved (`refine_cuts`): transfers, whose cuts are moved, are judged against it."""
     if not cand.feasible or cand.built is None:
         return cand
-    labels = device_classes(ev.cluster)
+    labels = ev.classes
     groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for i, pipe in enumerate(cand.layout):
         groups[tuple(labels[d] for d in pipe)].append(i)
