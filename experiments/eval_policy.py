@@ -1,6 +1,7 @@
 """Evaluate the learned planner against the heuristic, ga and the baselines.
 
     python -m spantrain.experiments.eval_policy [--policy FILE] [--json] [--quick] [--no-track]
+        [--batch-scale N]
 
 Planning: clusters whose seeds training never draws (`EVAL_SEED_RANGE`), at training
 sizes (8-32 devices) and beyond them (64 and 128), every generator profile, gpt2-medium /
@@ -29,6 +30,9 @@ cannot find within an episode's moves, a policy over those moves cannot reach ei
 episode limit, at every size: a wider bound still (its moves hit the cost model's memo
 mostly, so it stays affordable at 128 devices where the beam does not).
 
+Every case trains each preset's global batch, or `--batch-scale` times it (training
+episodes draw 1x and 4x); a scaled run writes its files with a ``_batchN`` suffix.
+
 Sample efficiency comes from the policy file's training curve. Writes plots and a
 markdown table under experiments/results/, logs to W&B (offline by default).
 """
@@ -47,7 +51,16 @@ import numpy as np
 
 from spantrain.cli._common import check_dir_option
 from spantrain.env.evaluator import Evaluator
-from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, as_running, held_layers, network_change, simple_start
+from spantrain.env.plan_env import (
+    EnvConfig,
+    PlanEnv,
+    Scenario,
+    as_running,
+    held_layers,
+    network_change,
+    scenario_workload,
+    simple_start,
+)
 from spantrain.errors import SpantrainError
 from spantrain.experiments.plotting import save_figure
 from spantrain.policies.adapt import adapt_plan
@@ -58,7 +71,6 @@ from spantrain.policies.ppo import PPOPlanner, load_policy
 from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
 from spantrain.tracking import Tracker
-from spantrain.workload import Workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
@@ -107,15 +119,15 @@ def _timed(name: str, cluster, workload, repeats: int, **options):
 
 
 def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: int, progress: bool,
-               latency_repeats: int = 1, anneal_steps: int = 0) -> list[dict]:
+               latency_repeats: int = 1, anneal_steps: int = 0, batch_scale: int = 1) -> list[dict]:
     from tqdm import tqdm
 
     net, _, _ = load_policy(policy)
     rows = []
     for profile, n, seed, model in tqdm(_cases(quick), desc="planning cases", disable=not progress):
         cluster = generate(n, seed=seed, profile=profile)
-        workload = Workload.from_preset(model)
-        row = {"profile": profile, "devices": n, "seed": seed, "model": model}
+        workload = scenario_workload(model, batch_scale)
+        row = {"profile": profile, "devices": n, "seed": seed, "model": model, "batch": workload.global_batch}
         results = {name: run_planner(name, cluster, workload) for name in BASELINES}
         results["ga"] = run_planner("ga", cluster, workload, budget_s=ga_budget_s)
         runs = {}
@@ -147,7 +159,7 @@ def plan_cases(policy: str | None, quick: bool, ga_budget_s: float, beam_width: 
     return rows
 
 
-def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[dict]:
+def adaptation_cases(policy: str | None, quick: bool, progress: bool, batch_scale: int = 1) -> list[dict]:
     from tqdm import tqdm
 
     from spantrain.policies.ppo import improve
@@ -163,7 +175,7 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool) -> list[di
         seed = int(rng.integers(*EVAL_SEED_RANGE))
         model = MODELS[int(rng.integers(len(MODELS)))]
         cluster = generate(n, seed=seed, profile=profile)
-        workload = Workload.from_preset(model)
+        workload = scenario_workload(model, batch_scale)
         try:
             running = HeuristicPlanner().best_candidate(Evaluator(cluster, workload))
         except SpantrainError:
@@ -312,6 +324,8 @@ def markdown(summary: dict) -> str:
                      f"{h['ppo_better_1pct']} of {h['cases']} ({h['ppo_better_1pct'] / h['cases']:.0%})")
     lines.append(f"\nauto over the best of ddp/gpipe/megatron on cee (geomean): "
                  f"{summary['auto_over_best_baseline_cee']:.2f}x")
+    if summary.get("batch_scale", 1) != 1:
+        lines.append(f"\nglobal batch: each preset's x{summary['batch_scale']}")
     repeats = summary.get("latency_repeats", 1)
     if repeats > 1:
         slowest = {label: entry["ppo"]["max_single_plan_s"] for label, entry in summary["planning"].items()
@@ -321,7 +335,7 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
+def plots(rows: list[dict], meta: dict, out: Path, suffix: str = "") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -343,7 +357,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
     ax.set_ylabel("heuristic time / planner time")
     ax.set_title("held-out clusters: plans relative to the heuristic")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: boxes reach every corner
-    paths.append(save_figure(fig, out / "policy_ratios.png", dpi=110))
+    paths.append(save_figure(fig, out / f"policy_ratios{suffix}.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in ("heuristic", "ppo", "ga"):
@@ -355,7 +369,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
     ax.set_ylabel("median plan latency (s)")
     ax.legend(fontsize=8)
     ax.set_title("plan latency")
-    paths.append(save_figure(fig, out / "policy_latency.png", dpi=110))
+    paths.append(save_figure(fig, out / f"policy_latency{suffix}.png", dpi=110))
 
     curve = meta.get("curve") or []
     if curve:
@@ -366,7 +380,7 @@ def plots(rows: list[dict], meta: dict, out: Path) -> list[Path]:
         ax.set_xlabel("environment steps")
         ax.set_title("sample efficiency (held-out evaluation during training)")
         ax.legend(fontsize=8)
-        paths.append(save_figure(fig, out / "policy_sample_efficiency.png", dpi=110))
+        paths.append(save_figure(fig, out / f"policy_sample_efficiency{suffix}.png", dpi=110))
     return paths
 
 
@@ -384,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-repeats", type=int, default=3,
                    help="timed runs of heuristic, ppo and auto per case; their plan time is the median "
                         "(default 3)")
+    p.add_argument("--batch-scale", type=int, default=1,
+                   help="multiply each preset's global batch by N (default 1; training draws 1 and 4); "
+                        "files get a _batchN suffix")
     p.add_argument("--out", default=str(RESULTS), help="where plots and tables go")
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -393,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.anneal_steps < 0:
         print(f"eval_policy: error: --anneal-steps must be >= 0, got {args.anneal_steps}", file=sys.stderr)
+        return 2
+    if not 1 <= args.batch_scale <= 64:
+        print(f"eval_policy: error: --batch-scale must be an integer from 1 to 64, got {args.batch_scale}",
+              file=sys.stderr)
         return 2
     if args.latency_repeats < 1:
         print(f"eval_policy: error: --latency-repeats must be >= 1, got {args.latency_repeats}", file=sys.stderr)
@@ -415,19 +436,21 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
     t0 = time.perf_counter()
     rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats,
-                      args.anneal_steps)
-    adapt = adaptation_cases(args.policy, args.quick, progress)
+                      args.anneal_steps, args.batch_scale)
+    adapt = adaptation_cases(args.policy, args.quick, progress, args.batch_scale)
     summary = summarize(rows, adapt)
     summary["latency_repeats"] = args.latency_repeats
+    summary["batch_scale"] = args.batch_scale
     summary["wall_s"] = time.perf_counter() - t0
     summary["policy_meta"] = {k: meta.get(k) for k in ("timesteps", "train_s", "starts_s")}
     curve = meta.get("curve") or []
     table = markdown(summary)
-    stem = "eval_policy_quick" if args.quick else "eval_policy"
+    suffix = f"_batch{args.batch_scale}" if args.batch_scale != 1 else ""
+    stem = "eval_policy" + suffix + ("_quick" if args.quick else "")
     (out / f"{stem}.md").write_text(table + "\n")
     (out / f"{stem}.json").write_text(json.dumps({"summary": summary, "cases": rows, "adaptation": adapt},
                                                  indent=1, default=float))
-    images = plots(rows, {"curve": curve}, out)
+    images = plots(rows, {"curve": curve}, out, suffix)
     with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track) as tracker:
         tracker.summary({"summary": json.loads(json.dumps(summary, default=float))})
         cols = ["profile", "devices", "seed", "model", "heuristic_s", "ppo_s", "auto_s", "ga_s", "ppo_plan_s"]

@@ -5,12 +5,14 @@ import json
 import pytest
 
 from spantrain.experiments import eval_policy
+from spantrain.workload import Workload
 
 
 @pytest.mark.slow
 def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     code = eval_policy.main(["--quick", "--json", "--no-track", "--no-progress", "--ga-budget-s", "0.2",
-                             "--latency-repeats", "2", "--anneal-steps", "30", "--out", str(tmp_path)])
+                             "--latency-repeats", "2", "--anneal-steps", "30", "--batch-scale", "2",
+                             "--out", str(tmp_path)])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["planning"], summary
@@ -28,12 +30,16 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
     adapt = summary["adaptation"]
     # `plan --from` picks the best of keeping, the policy's move and the heuristic's re-plan
     assert adapt["auto_below_keep_or_replan"] == 0.0 and adapt["auto_over_keep"] >= 1.0
-    assert "`plan --from` vs heuristic re-plan" in (tmp_path / "eval_policy_quick.md").read_text()
-    assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios.png", "policy_latency.png"}
-    table = (tmp_path / "eval_policy_quick.md").read_text()
+    # a scaled batch gets its own files, so it never overwrites the preset-batch evaluation
+    assert "`plan --from` vs heuristic re-plan" in (tmp_path / "eval_policy_batch2_quick.md").read_text()
+    assert {p.name for p in tmp_path.glob("*.png")} >= {"policy_ratios_batch2.png", "policy_latency_batch2.png"}
+    table = (tmp_path / "eval_policy_batch2_quick.md").read_text()
     assert table.startswith("| cases | planner |") and "median of 2 timed runs per case" in table
+    assert "global batch: each preset's x2" in table
+    rows = json.loads((tmp_path / "eval_policy_batch2_quick.json").read_text())["cases"]
+    assert rows and all(r["batch"] == 2 * Workload.from_preset(r["model"]).global_batch for r in rows)
     # the latency figure is each case's median run; the slowest single run is kept and reported
-    for r in json.loads((tmp_path / "eval_policy_quick.json").read_text())["cases"]:
+    for r in rows:
         runs = r["ppo"]["plan_s_runs"]
         assert len(runs) == 2 and r["ppo"]["plan_s"] == pytest.approx(sum(runs) / 2)
     for entry in summary["planning"].values():
@@ -43,6 +49,8 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
 @pytest.mark.parametrize("flag,value,error", [("--beam-width", "-1", "--beam-width must be >= 0, got -1"),
                                               ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0"),
                                               ("--anneal-steps", "-5", "--anneal-steps must be >= 0, got -5"),
+                                              *[("--batch-scale", v, "--batch-scale must be an integer from 1 "
+                                                 f"to 64, got {v}") for v in ("0", "65")],
                                               *[("--ga-budget-s", v, "--ga-budget-s must be a finite positive "
                                                  f"number of seconds, got {v}") for v in ("0", "-1", "nan", "inf")]])
 def test_bad_option_is_a_one_line_error(tmp_path, capsys, flag, value, error):
