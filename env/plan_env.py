@@ -25,6 +25,7 @@ generator given a drawn seed. Registered as ``spantrain/PlanImprove-v0``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -344,7 +345,9 @@ class PlanEnv(gym.Env):
         return H * self.scenario.workload.global_batch / (H * cand.time + self.migration_s(cand))
 
     def migration_s(self, cand: Candidate) -> float:
-        """Seconds to bring every device the layers it newly holds (parallel across devices)."""
+        """Seconds to bring every device the layers it newly holds (parallel across devices;
+        a device fetches its layers one stretch after another, each from the best-connected
+        device that holds it in the running plan)."""
         s = self.scenario
         if not s.running or cand.built is None:
             return 0.0
@@ -357,13 +360,23 @@ class PlanEnv(gym.Env):
             ends = [*starts[1:], L]
             for d, a, z in zip(devs, starts, ends):
                 old = s.running.get(d)
-                have = (max(a, old[0]), min(z, old[1])) if old else (a, a)
-                need = (params[z] - params[a]) - max(0.0, params[have[1]] - params[have[0]])
-                if need <= 0:
-                    continue
-                # fetch from the best-connected device that held any of these layers
-                src_bw = max((bw[h, d] for h, (ha, hz) in holders if h != d and ha < z and hz > a), default=0.0)
-                worst = max(worst, need * _STATE_BYTES / src_bw if src_bw > 0 else math.inf)
+                lacking = [(a, z)] if not old else [(a, min(z, old[0])), (max(a, old[1]), z)]
+                t = 0.0
+                for lo, hi in lacking:
+                    if hi <= lo:
+                        continue
+                    # each stretch of layers comes from the best-connected device that holds that
+                    # stretch: a fast holder of a neighbouring layer does not make the layers
+                    # only a slow link reaches cheap to fetch
+                    cuts = sorted({lo, hi, *(x for _, r in holders for x in r if lo < x < hi)})
+                    for u, v in itertools.pairwise(cuts):
+                        need = params[v] - params[u]
+                        if need <= 0:
+                            continue
+                        src_bw = max((bw[h, d] for h, (ha, hz) in holders if h != d and ha <= u and hz >= v),
+                                     default=0.0)
+                        t += need * _STATE_BYTES / src_bw if src_bw > 0 else math.inf
+                worst = max(worst, t)
         return worst
 
     # ---- observation -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
+from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Evaluator, Knobs
 from spantrain.env.moves import apply_move
 from spantrain.env.plan_env import (
@@ -22,6 +23,7 @@ from spantrain.env.plan_env import (
 )
 from spantrain.env.spaces import KNOBS, ActionLayout
 from spantrain.errors import SpantrainError
+from spantrain.plan import Plan
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
 
@@ -137,6 +139,38 @@ def test_adaptation_counts_migration_and_network_change_is_real():
     flipped = ev.balance(tuple(tuple(reversed(p)) for p in start.layout), start.knobs)
     if flipped.layout != start.layout:
         assert env.migration_s(flipped) > 0
+
+
+def test_migration_fetches_each_layer_from_a_device_that_holds_it(demo_spec):
+    """A running pipeline cloud-0 [0, 4) -> edge-0 [4, 8) of tiny-gpt, then the cloud-edge
+    link all but dies (12.5 kB/s). A stage on cloud-3 taking [3, 8) must fetch [4, 8) from
+    edge-0 over that link: that cloud-0, on a fast link, holds layer 3 does not make the rest
+    cheap (it did: 1 ms, where a stage taking [4, 8) alone cost 800 s, and `run --adapt` chose it)."""
+    from spantrain.policies.adapt import candidate_from_plan
+
+    cluster = Cluster.from_spec(demo_spec)
+    bw = cluster.bandwidth.copy()
+    edge, clouds = cluster.index("edge-0"), [cluster.index(f"cloud-{i}") for i in range(4)]
+    bw[edge, clouds] = bw[clouds, edge] = 12.5e3
+    cluster = cluster.with_arrays(bandwidth=bw)
+    w = Workload.from_preset("tiny-gpt")
+    ev = Evaluator(cluster, w)
+
+    def cand(*stages):
+        return candidate_from_plan(ev, Plan.from_dict({
+            "schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
+            "pipelines": [{"micro_batch_size": 4, "num_micro_batches": 8,
+                           "stages": [{"devices": [d], "layers": list(r)} for d, r in stages]}]}))
+
+    running = cand(("cloud-0", (0, 4)), ("edge-0", (4, 8)))
+    env = PlanEnv(EnvConfig(max_devices=8, min_devices=2))
+    env.load(Scenario(key=("x",), cluster=cluster, workload=w, evaluator=ev, start=running,
+                      running=held_layers(running, w.num_layers)))
+    tail_bytes = 16 * sum(layer.params for layer in w.layers[4:])
+    only_tail = env.migration_s(cand(("cloud-0", (0, 4)), ("cloud-3", (4, 8))))
+    assert only_tail == pytest.approx(tail_bytes / 12.5e3)
+    with_layer_3 = env.migration_s(cand(("cloud-0", (0, 1)), ("cloud-1", (1, 3)), ("cloud-3", (3, 8))))
+    assert with_layer_3 >= only_tail
 
 
 def test_adaptation_episodes_start_from_the_running_plan_as_it_runs():
