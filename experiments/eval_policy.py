@@ -34,7 +34,8 @@ Every case trains each preset's global batch, or `--batch-scale` times it (train
 episodes draw 1x and 4x); a scaled run writes its files with a ``_batchN`` suffix.
 
 Sample efficiency comes from the policy file's training curve. Writes plots and a
-markdown table under experiments/results/, logs to W&B (offline by default).
+markdown table under experiments/results/ (``--quick``: out/eval_policy_quick/), logs to
+W&B (offline by default).
 """
 
 from __future__ import annotations
@@ -401,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-scale", type=int, default=1,
                    help="multiply each preset's global batch by N (default 1; training draws 1 and 4); "
                         "files get a _batchN suffix")
-    p.add_argument("--out", default=str(RESULTS), help="where plots and tables go")
+    p.add_argument("--out", metavar="DIR", help="where plots and tables go (default experiments/results; "
+                   "out/eval_policy_quick with --quick)")
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -427,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpantrainError as e:
         print(f"eval_policy: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    # a smoke run must not overwrite the committed plots: they keep their names for any case set
+    out = Path(args.out) if args.out else (Path("out/eval_policy_quick") if args.quick else RESULTS)
     try:
         check_dir_option("--out", out, create=True)
     except SpantrainError as e:

@@ -46,6 +46,21 @@ def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
         assert entry["ppo"]["max_single_plan_s"] >= entry["ppo"]["max_plan_s"]
 
 
+@pytest.mark.slow
+def test_quick_run_leaves_the_committed_results_alone(tmp_path, monkeypatch):
+    # the plots keep their names with --quick: written to experiments/results, a smoke run
+    # replaced the committed evaluation's figures
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(eval_policy, "RESULTS", results)
+    monkeypatch.chdir(tmp_path)
+    assert eval_policy.main(["--quick", "--no-track", "--no-progress", "--ga-budget-s", "0.2", "--beam-width", "0",
+                             "--latency-repeats", "1"]) == 0
+    assert not any(results.iterdir())
+    quick = tmp_path / "out" / "eval_policy_quick"
+    assert {"eval_policy_quick.md", "policy_ratios.png"} <= {p.name for p in quick.iterdir()}
+
+
 @pytest.mark.parametrize("flag,value,error", [("--beam-width", "-1", "--beam-width must be >= 0, got -1"),
                                               ("--latency-repeats", "0", "--latency-repeats must be >= 1, got 0"),
                                               ("--anneal-steps", "-5", "--anneal-steps must be >= 0, got -5"),
