@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -99,13 +100,20 @@ def compile_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=7, help="timing repeats; figures are their median (default 7)")
     ap.add_argument("--seconds", type=float, default=0.5, help="length of one timing repeat")
     ap.add_argument("--compile-time", action="store_true",
                     help="also time a first run with an empty numba cache (fresh process)")
     args = ap.parse_args(argv)
+    # checked before any work: no repeats has no median, and an infinite or nan length never ends
+    if args.repeats < 1:
+        print(f"bench_costmodel: error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    if not (args.seconds >= 0 and math.isfinite(args.seconds)):
+        print(f"bench_costmodel: error: --seconds must be a finite number >= 0, got {args.seconds:g}", file=sys.stderr)
+        return 2
     compile_s = compile_seconds() if args.compile_time else None
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
