@@ -47,7 +47,10 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, skip: set[str] = f
             continue
         name = flag(f.name)
         default = f.default
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        # a tuple is given as A,B,... and shown so; None has nothing to show (the field's own
+        # doc says what it means), where "(default: None)" contradicted a documented default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text = docs.get(f.name, "") + ("" if default is None else f" (default: {shown})")
         if isinstance(default, bool):
             p.add_argument(name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif isinstance(default, tuple):

@@ -121,3 +121,12 @@ def test_real_process_prints_no_traceback(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_generated_flags_show_defaults_as_they_are_typed(run_cli):
+    # a tuple default read "(default: ('gpt2-medium', ...))" beside the metavar A,B,...; a None one
+    # "(default: None)" after a help text naming the real default (~/.cache/spantrain/starts)
+    code, out, _ = run_cli("train-policy", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "(default: None)" not in text
+    assert "(default: gpt2-medium,gpt2-xl,llama2-7b)" in text and "(default: 25000)" in text
