@@ -7,7 +7,7 @@ Layout of a checkpoint directory ``ROOT``::
         .metadata, *.distcp      DCP: "layers.{i}.{param}" and "optim.layers.{i}.{param}.{step|exp_avg|exp_avg_sq}"
         train_state.json         step, samples consumed, RNG state, plan, hyper-parameters
         meta.json                model architecture and per-layer parameter counts (checked on resume)
-    ROOT/.tmp-step-00000042/     a checkpoint being written (ignored, removed by the next save)
+    ROOT/.tmp-step-00000042/     a checkpoint being written (ignored; the next save removes any left by a crash)
 
 Because keys name layers, any plan can load any checkpoint of the same model: each rank
 asks for the layers it holds now. Replicas of a layer hold identical values at checkpoint
@@ -31,7 +31,8 @@ from typing import Any
 
 from spantrain.errors import ExecutionError
 
-__all__ = ["FORMAT", "latest_checkpoint", "read_json", "model_meta", "check_meta", "Checkpointer", "read_tensors"]
+__all__ = ["FORMAT", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta", "Checkpointer",
+           "read_tensors"]
 
 FORMAT = 1
 _LATEST = "latest"
@@ -54,12 +55,26 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def damaged(path: Path) -> str:
+    """What to do about checkpoint `path` when it cannot be read (a clause for an error line): resuming
+    from it again would only fail again."""
+    earlier = sorted(p for p in path.parent.glob("step-*") if p.name < path.name and (p / "train_state.json").is_file())
+    if earlier:
+        return f"delete {path} to --resume from {earlier[-1].name}, the checkpoint before it"
+    return f"delete {path.parent} to start over"
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A checkpoint's JSON file, or one clear line why not."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ExecutionError(f"checkpoint file {path} is unreadable: {e}") from None
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # ValueError: malformed JSON or not UTF-8
+        reason = str(e)
+    else:
+        if isinstance(obj, dict):
+            return obj
+        reason = f"a JSON {type(obj).__name__}, not an object"
+    raise ExecutionError(f"checkpoint file {path} is unreadable ({reason}); {damaged(path.parent)}")
 
 
 def model_meta(workload: Any) -> dict[str, Any]:
@@ -81,7 +96,11 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
     if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:
         raise ExecutionError(f"checkpoint {path} was written for model {meta.get('model')!r} with a different "
                              f"architecture than {workload.name!r}")
-    return read_json(path / "train_state.json")
+    state = read_json(path / "train_state.json")
+    for key, kind in (("step", int), ("samples_seen", int), ("seed", int), ("rng_state", str)):
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid {key!r}; {damaged(path)}")
+    return state
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -123,7 +142,10 @@ class Checkpointer:
         tmp = self.root / f".tmp-{_step_dir(step)}"
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
+            # Left over by a crash during an earlier save, of any step: a run resumed from an
+            # earlier checkpoint may never save that step again, and each one is a model's size.
+            for stale in [*self.root.glob(".tmp-step-*"), *self.root.glob(".old-step-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
         self.barrier()
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -169,7 +191,7 @@ class Checkpointer:
         try:
             dcp.load(tensors, storage_reader=dcp.FileSystemReader(str(path)))
         except (Exception, CheckpointException) as e:  # the latter is a BaseException
-            raise ExecutionError(f"cannot load checkpoint {path}: {_dcp_reason(e)}") from e
+            raise ExecutionError(f"cannot load checkpoint {path}: {_dcp_reason(e)}; {damaged(path)}") from e
 
 
 def _dcp_reason(e: BaseException) -> str:

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "watch_launcher",
-           "local_entry"]
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "launcher_gone",
+           "watch_launcher", "local_entry"]
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
 """Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away."""
@@ -31,17 +31,31 @@ def log_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"rank{rank}.log"
 
 
+def launcher_gone(pid: int) -> bool:
+    """Whether process `pid` has ended, including one that exited but was not yet reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    # A zombie still answers kill(pid, 0). Its parent may be a script reading the launcher's output
+    # until it ends (subprocess.run(capture_output=True)), which it never does while we, holding that
+    # output, wait for the zombie to go: a deadlock until the process-group timeout.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
+    except (OSError, IndexError):  # no /proc (not Linux), or it just went: the next look tells
+        return False
+
+
 def watch_launcher(pid: int) -> None:
     """Exit when the launcher is gone, so no worker outlives the run that started it (run it in a
     daemon thread; emulated workers share the launcher's pid space, so this works there too)."""
     while True:
         time.sleep(1.0)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if launcher_gone(pid):
             os._exit(EXIT_ORPHANED)
-        except PermissionError:
-            pass
 
 
 def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:
@@ -57,8 +71,10 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    # Ctrl-C reaches every process of the terminal; the launcher decides, workers stop on its SIGTERM.
+    # Ctrl-C and a closed terminal's SIGHUP reach every process of the terminal; the launcher
+    # decides, workers stop on its SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if cfg.launcher_pid:
         threading.Thread(target=watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
 
@@ -66,6 +82,8 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
 
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop)
+    # The fork server runs with these blocked (`spantrain.runtime.launcher`); one sent since the fork arrives now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     code, _ = guarded(cfg, rank=rank, world_size=world_size, init_method=f"file://{store_path}", local=True,
                       stop=stop)
     sys.stdout.flush()

@@ -12,7 +12,9 @@ The supervisor watches every worker's exit:
   ended, its own error message, the last completed iteration and the last checkpoint;
 - no iteration completes within the process-group timeout plus a margin: same, "stalled";
 - Ctrl-C: workers get SIGTERM, finish the current iteration together, checkpoint and exit;
-  a second Ctrl-C (or the grace period running out) kills them.
+  a second Ctrl-C (or the grace period running out) kills them. SIGTERM or SIGHUP to the
+  launcher (`kill`, `timeout`, a scheduler stopping the job, a closed terminal) is a Ctrl-C
+  (`Terminated`), unless the signal was ignored when the run started (``nohup``).
 
 So a run never hangs on a dead worker, and never leaves processes behind. With an
 `Adapter` (``spantrain run --adapt``) the supervisor also checks the cluster file while the
@@ -36,6 +38,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait as wait_sentinels
@@ -49,7 +52,7 @@ from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
 from spantrain.runtime.metrics import drift_message
 
-__all__ = ["launch_local", "launch_emulated", "workers_file"]
+__all__ = ["launch_local", "launch_emulated", "workers_file", "Terminated"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -97,6 +100,61 @@ def _without_main_fixup() -> Iterator[None]:
             del main.__spec__
         else:
             main.__spec__ = saved
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to a local run's launcher, handled as Ctrl-C: by default the launcher would
+    die at once, and its workers after it (they exit when it is gone) without a checkpoint,
+    losing every iteration since the last one."""
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """While the workers run: SIGTERM and SIGHUP raise `Terminated` (the main thread only can)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated(f"by {signal.Signals(signum).name}")
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`: the user asked to survive the terminal
+            old[sig] = signal.signal(sig, terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+_SHIELDED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+"""Signals the fork server starts with blocked (the workers unblock them)."""
+
+
+def _start_fork_server(ctx: multiprocessing.context.BaseContext) -> None:
+    """Start the fork server, if it is not running, with `_SHIELDED` blocked.
+
+    It shares the launcher's process group, so Ctrl-C, `timeout`'s SIGTERM and a closed
+    terminal's SIGHUP reach it too. Before it has imported torch (seconds) a SIGINT would
+    print its traceback under the launcher's one-line message; and a fork server that dies
+    closes every worker's exit-status pipe, so the launcher would take them all for dead
+    (exit code 255) while they are still checkpointing. Blocked, the signals stay pending
+    there (it ignores SIGINT, and exits when the launcher and workers are gone). Here they
+    are delivered once unblocked, so the launcher misses none (as multiprocessing starts its
+    resource tracker).
+    """
+    if ctx.get_start_method() != "forkserver" or threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()  # first: starting it unblocks SIGINT and SIGTERM again
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SHIELDED)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _Progress:
@@ -199,21 +257,24 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
                          name=f"spantrain-rank{r}") for r in range(world)]
     watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
     try:
-        with _without_main_fixup():
-            for p in procs:
-                p.start()
-        workers_file(run_dir).write_text(json.dumps(
-            {"launcher": os.getpid(), "workers": [{"rank": r, "device": d, "pid": p.pid}
-                                                  for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")
-        failure = _supervise(procs, watcher, cfg, adapter)
-    except KeyboardInterrupt:
-        note("spantrain run: stopping after the current iteration (checkpointing if configured); "
-             "Ctrl-C again to kill")
-        try:
-            _stop_all(procs, _STOP_GRACE_S)
-        except KeyboardInterrupt:
-            _stop_all(procs, 0.0)
-        raise
+        with _stop_signals_interrupt():
+            try:
+                _start_fork_server(ctx)
+                with _without_main_fixup():
+                    for p in procs:
+                        p.start()
+                workers_file(run_dir).write_text(json.dumps(
+                    {"launcher": os.getpid(), "workers": [{"rank": r, "device": d, "pid": p.pid}
+                                                          for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")
+                failure = _supervise(procs, watcher, cfg, adapter)
+            except KeyboardInterrupt:
+                note("spantrain run: stopping after the current iteration (checkpointing if configured); "
+                     "Ctrl-C again to kill")
+                try:
+                    _stop_all(procs, _STOP_GRACE_S)
+                except KeyboardInterrupt:
+                    _stop_all(procs, 0.0)
+                raise
     finally:
         for p in procs:  # whatever happened above, nothing outlives this call
             if p.pid is not None and p.exitcode is None:
@@ -248,6 +309,8 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
                               f"logs in {run_dir / 'logs'}")
     err_path = error_file(run_dir, rank)
     detail = err_path.read_text().strip() if err_path.exists() else ""
+    if detail.startswith(("cannot load checkpoint", "checkpoint file ")):  # says what to do instead of resuming it
+        ckpt = "no checkpoint was written"
     return ExecutionError(f"worker rank {rank} (device {devices[rank]}) {how} {where}"
                           f"{': ' + detail if detail else ''}; stopped the other {world - 1} worker(s); {ckpt}; "
                           f"logs in {run_dir / 'logs'}")

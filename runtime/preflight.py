@@ -46,6 +46,8 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
         p = Path(data)
         if p.is_dir():
             raise ExecutionError(f"--data {p} is a directory: pass a text file")
+        if p.exists() and not p.is_file():  # a device or a pipe: each worker would read other bytes, or forever
+            raise ExecutionError(f"--data {p} is not a regular file: pass a text file")
         if not p.is_file():
             raise ExecutionError(f"--data {p}: file not found")
         if p.stat().st_size < workload.seq_len + 1:

@@ -87,10 +87,19 @@ class Transport:
     @classmethod
     def init(cls, *, rank: int, world_size: int, init_method: str | None, timeout_s: float,
              local_rank: int = 0) -> Transport:
-        """Join the default process group (``init_method=None`` reads torchrun's ``env://``)."""
+        """Join the default process group (``init_method=None`` reads torchrun's ``env://``;
+        ``file://PATH`` is a file store at PATH, taken literally)."""
         backend, device = choose_backend(local_rank)
-        dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        if init_method and init_method.startswith("file://"):
+            # The local launcher's rendezvous file, opened as a path, not parsed as a URL: a '?' or
+            # '#' in the run directory ("runs/exp#2") would cut the path short at a query or fragment.
+            store = dist.FileStore(init_method.removeprefix("file://"), world_size)
+            store.set_timeout(timeout)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=rank,
+                                    world_size=world_size, timeout=timeout)
         return cls(backend, device, timeout_s)
 
     def new_group(self, ranks: Iterable[int]) -> dist.ProcessGroup | None:

@@ -331,10 +331,11 @@ class EmulatedCluster:
             return
 
         def terminate(signum: int, frame: object) -> None:
-            raise _Terminated(f"signal {signum}")
+            raise _Terminated(f"by {signal.Signals(signum).name}")
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._old_handlers[sig] = signal.signal(sig, terminate)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`: the user asked to survive the terminal
+                self._old_handlers[sig] = signal.signal(sig, terminate)
 
     def _restore_handlers(self) -> None:
         atexit.unregister(self.cleanup)

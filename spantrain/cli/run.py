@@ -154,6 +154,27 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--metrics {args.metrics} is a directory: pass a file path")
 
 
+def _check_checkpoint_dir(path: str, resume: bool) -> None:
+    """Refuse now, not at the first checkpoint (without --checkpoint-every, the end of the run:
+    all of its training lost), a checkpoint directory that cannot be written; and, without
+    --resume, one holding a run's checkpoints, which this run would overwrite step by step."""
+    import tempfile
+
+    from spantrain.runtime.checkpoint import latest_checkpoint
+
+    latest = None if resume else latest_checkpoint(path)
+    if latest is not None:
+        raise ExecutionError(f"--checkpoint-dir {path} already holds the checkpoints of a run (latest: {latest.name}): "
+                             "add --resume to continue it, or pass another directory to start anew")
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ExecutionError(f"--checkpoint-dir {path} cannot be written ({e.strerror or e}): pass a directory this "
+                             "run can write") from None
+
+
 def _make_plan(args: argparse.Namespace, cluster, workload):
     from spantrain.errors import PlanError
     from spantrain.plan import Plan
@@ -197,6 +218,9 @@ def _run(args: argparse.Namespace) -> int:
             # The data order follows the seed; the checkpoint's keeps the sample sequence intact.
             _note(f"resuming with the checkpoint's seed {state['seed']} (not --seed {seed})")
             seed = int(state["seed"])
+
+    if args.checkpoint_dir:
+        _check_checkpoint_dir(args.checkpoint_dir, args.resume)
 
     if workload.precision != "fp32":
         _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")
@@ -252,12 +276,19 @@ def _run(args: argparse.Namespace) -> int:
                 result = run_adapting(cfg, launch, adapter)
             else:
                 result = launch(cfg)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
             partial = run_dir / "result.json"
             if partial.exists():
                 _report(json.loads(partial.read_text()), args.json)
-            raise
+                raise
+            # Killed before they got there (Ctrl-C twice): what is left to continue from.
+            from spantrain.runtime.checkpoint import latest_checkpoint
+
+            latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+            raise KeyboardInterrupt(f"{e}{' ' if str(e) else ''}before the workers finished; " + (
+                f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written")
+            ) from None
         result["cpu_cores"] = cores
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)

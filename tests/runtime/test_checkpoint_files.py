@@ -49,6 +49,18 @@ def test_save_load_prune_and_latest(tmp_path, one_process_group):
         Checkpointer.load(root / "step-00000003", {"layers.9.missing": torch.zeros(1)})
 
 
+def test_a_save_removes_what_crashed_saves_of_other_steps_left(tmp_path, one_process_group):
+    # killed while writing step 4 and resumed from step 2: that run may never save step 4 again
+    root = tmp_path / "ck"
+    ck = Checkpointer(root, rank=0, barrier=dist.barrier, keep=2)
+    _save(ck, 2, 2.0)
+    (root / ".tmp-step-00000004").mkdir()
+    (root / ".tmp-step-00000004" / "__0_0.distcp").write_bytes(b"x" * 100)
+    (root / ".old-step-00000002").mkdir()  # killed while replacing a step saved twice
+    _save(ck, 3, 3.0)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-00000002", "step-00000003"]
+
+
 def test_latest_survives_a_missing_pointer(tmp_path):
     for step in (4, 12):
         d = tmp_path / f"step-{step:08d}"
@@ -63,7 +75,7 @@ def test_meta_refuses_another_model(tmp_path):
     d = tmp_path / "step-00000003"
     d.mkdir()
     (d / "meta.json").write_text(json.dumps(model_meta(workload())))
-    (d / "train_state.json").write_text(json.dumps({"step": 3, "samples_seen": 30, "seed": 1}))
+    (d / "train_state.json").write_text(json.dumps({"step": 3, "samples_seen": 30, "seed": 1, "rng_state": ""}))
     assert check_meta(d, workload())["step"] == 3
     other = Workload.from_spec({**MODEL, "architecture": {**MODEL["architecture"], "d_model": 48}}, "other")
     with pytest.raises(ExecutionError, match="different architecture"):
@@ -73,6 +85,30 @@ def test_meta_refuses_another_model(tmp_path):
         resume_state(str(tmp_path), workload(), 3)
     with pytest.raises(ExecutionError, match="needs --checkpoint-dir"):
         resume_state(None, workload(), 5)
+
+
+@pytest.mark.parametrize("state, problem", [
+    ('{"step": 4, "samp', "is unreadable (Unterminated string"),  # cut short
+    ("[]", "is unreadable (a JSON list, not an object)"),
+    ("{}", "has no valid 'step'"),
+    ('{"step": 4, "samples_seen": 40, "seed": 0}', "has no valid 'rng_state'"),
+])
+def test_a_damaged_checkpoint_is_named_with_what_to_do(tmp_path, state, problem):
+    """Not a traceback, and not "continue with --resume" from the checkpoint that just failed."""
+    good = {"step": 2, "samples_seen": 20, "seed": 0, "rng_state": ""}
+    for step, text in ((2, json.dumps(good)), (4, state)):
+        d = tmp_path / f"step-{step:08d}"
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps(model_meta(workload())))
+        (d / "train_state.json").write_text(text)
+    with pytest.raises(ExecutionError) as e:
+        resume_state(str(tmp_path), workload(), 10)
+    assert str(e.value).startswith(f"checkpoint file {tmp_path / 'step-00000004' / 'train_state.json'} {problem}")
+    assert str(e.value).endswith(f"; delete {tmp_path / 'step-00000004'} to --resume from step-00000002, "
+                                 "the checkpoint before it")
+    (tmp_path / "step-00000002" / "meta.json").write_text("")
+    with pytest.raises(ExecutionError, match=f"; delete {tmp_path} to start over$"):
+        check_meta(tmp_path / "step-00000002", workload())
 
 
 def test_summary_uses_medians_after_warmup():

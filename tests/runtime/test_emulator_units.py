@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -183,6 +184,19 @@ def test_first_failure_stops_the_others_in_local_mode(cluster, tmp_path, monkeyp
     assert time.monotonic() - t0 < 15
     assert results[1].returncode == 3 and not results[1].stopped
     assert all(r.stopped and r.returncode != 0 for k, r in enumerate(results) if k != 1)
+
+
+def test_an_ignored_hangup_stays_ignored(cluster, tmp_path, monkeypatch):
+    """`nohup spantrain run --emulate ... &`: closing the terminal must not stop the run."""
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with EmulatedCluster(cluster, mode="local", cpu_limits=False):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGTERM))  # a plain `kill` still cleans up
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
 
 
 def test_cli_input_errors_are_one_line(run_cli, tmp_path):

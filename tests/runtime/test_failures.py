@@ -45,6 +45,7 @@ def test_invalid_plan_is_refused_before_any_process_starts(tmp_path):
     (["--steps", "0"], "--steps must be a positive integer"),
     (["--steps", "2", "--resume", "--checkpoint-dir", "EMPTY"], "no complete checkpoint"),
     (["--steps", "2", "--data", "MISSING"], "file not found"),
+    (["--steps", "2", "--data", "/dev/zero"], "--data /dev/zero is not a regular file: pass a text file"),
 ])
 def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     extra = [str(tmp_path / "empty") if x == "EMPTY" else str(tmp_path / "missing.txt") if x == "MISSING" else x
@@ -65,14 +66,22 @@ def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file, not a directory"),
     (["--run-dir", "FILE"], "--run-dir FILE is a file, not a directory"),
     (["--data", "DIR"], "--data DIR is a directory"),
+    # found now, not when the first checkpoint is written (here: the end of the run)
+    (["--checkpoint-dir", "NESTED"], "--checkpoint-dir NESTED cannot be written (Not a directory): pass a directory"),
+    # a new run there would overwrite that run's checkpoints
+    (["--checkpoint-dir", "CKPT"], "--checkpoint-dir CKPT already holds the checkpoints of a run (latest: "
+                                   "step-00000004): add --resume to continue it, or pass another directory"),
     # the plan trains 10 samples per iteration: a different --global-batch is refused, not ignored
     (["--global-batch", "8"], "--global-batch 8 but plan PLAN trains 10 samples per iteration (pass --global-batch "
                               "10, or leave it out)"),
 ])
 def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, extra, expected):
-    places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json"}
+    places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json",
+              "NESTED": tmp_path / "a-file" / "ckpt", "CKPT": tmp_path / "ckpt"}
     places["FILE"].write_text("x")
     places["DIR"].mkdir()
+    (places["CKPT"] / "step-00000004").mkdir(parents=True)
+    (places["CKPT"] / "step-00000004" / "train_state.json").write_text('{"step": 4}')
     args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
                      "--run-dir", str(tmp_path / "run"), *[str(places.get(x, x)) for x in extra])
     line = _one_error_line(*spantrain_here(*args))
@@ -149,15 +158,19 @@ def test_killed_worker_stops_the_run_and_resume_continues(tmp_path):
 @pytest.mark.slow
 def test_a_worker_error_is_reported_in_one_line(tmp_path):
     ckpt = tmp_path / "ckpt"
-    code, _, err = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "1",
-                                             "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "one")))
+    code, _, err = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "2",
+                                             "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+                                             "--run-dir", str(tmp_path / "one")))
     assert code == 0, err
-    for shard in (ckpt / "step-00000001").glob("*.distcp"):
+    for shard in (ckpt / "step-00000002").glob("*.distcp"):
         shard.unlink()  # the checkpoint's data is gone; its metadata still looks complete
-    result = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "2", "--resume",
+    result = spantrain_here(*_run_args(tmp_path, plan("gpipe", "allreduce", ASYMMETRIC), "--steps", "3", "--resume",
                                        "--checkpoint-dir", str(ckpt), "--run-dir", str(tmp_path / "two")))
     line = _one_error_line(*result)
     assert "worker rank" in line and "cannot load checkpoint" in line, result
+    # what to do instead of resuming from the same checkpoint again
+    assert f"delete {ckpt / 'step-00000002'} to --resume from step-00000001, the checkpoint before it" in line
+    assert "continue with --resume" not in line
 
 
 @pytest.mark.slow
@@ -183,3 +196,25 @@ def test_frozen_worker_is_named_and_the_run_ends_within_the_timeout(tmp_path):
     assert "worker rank 1 (device b-0) stopped responding" in line
     assert stopped_after < 5 + 25, f"the run took {stopped_after:.1f} s to stop"
     assert not any(_alive(w["pid"]) for w in workers)
+
+
+@pytest.mark.slow
+def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
+    """A script that runs `spantrain run` and reads its output reaps it only when the output ends;
+    the fork server holds that output until the workers exit, so they must see the killed
+    launcher's zombie as gone."""
+    run_dir = tmp_path / "run"
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
+                  if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    _wait_for(lambda: not any(_alive(w["pid"]) for w in workers), 10, "the workers to exit")

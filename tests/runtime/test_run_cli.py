@@ -72,6 +72,121 @@ def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
             os.kill(w["pid"], 0)
 
 
+@pytest.mark.parametrize("name", ["what?", "exp#2"])
+def test_directories_with_url_characters_in_their_names(tmp_path, name):
+    """The workers meet through a file in the run directory: '?' and '#' are part of its path."""
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("a-1", 3, 6)])])))
+    (tmp_path / "exp").mkdir()  # an earlier experiment, where a URL parser would cut "exp#2/..." short
+    code, out, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                    "--steps", "2", "--run-dir", str(tmp_path / name / "run"), "--checkpoint-dir",
+                                    str(tmp_path / name / "ckpt"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["checkpoint"] == str(tmp_path / name / "ckpt" / "step-00000002")
+    assert not any((tmp_path / "exp").iterdir())
+
+
+def _processes() -> list[tuple[int, int, int, str]]:
+    """(pid, parent pid, process group, command line) of every live process (zombies excluded)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            out.append((int(d), int(fields[1]), int(fields[2]), cmd))
+    return out
+
+
+def _start_run(tmp_path, run_dir, ckpt, *extra):
+    """An endless local run of two workers in its own session (so its process group is its pid)."""
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    return subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
+                             "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
+                             "--checkpoint-dir", str(ckpt), "--json", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
+
+
+@pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
+                         ids=["kill-pid", "timeout", "terminal-closed"])
+def test_sigterm_or_sighup_stops_like_ctrl_c(tmp_path, sig, group):
+    """`kill PID`, `timeout` or a scheduler ending the job (SIGTERM, to the launcher or its whole
+    process group), a closed terminal (SIGHUP): the workers still stop together and checkpoint."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    proc = _start_run(tmp_path, run_dir, ckpt)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and '"loss"' not in ((run_dir / "metrics.jsonl").read_text()
+                                                                if (run_dir / "metrics.jsonl").exists() else ""):
+            time.sleep(0.2)
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == f"spantrain run: interrupted by {sig.name}", err
+    result = json.loads(out)
+    assert result["stopped_early"] and result["checkpoint"].endswith(f"step-{result['final_step']:08d}")
+    assert (ckpt / "latest").read_text().strip() == f"step-{result['final_step']:08d}"
+    assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
+
+
+def test_ctrl_c_twice_kills_the_workers_and_names_the_checkpoint_left(tmp_path):
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    proc = _start_run(tmp_path, run_dir, ckpt, "--checkpoint-every", "2")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (ckpt / "latest").exists():
+            time.sleep(0.1)
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.kill(workers[1]["pid"], signal.SIGSTOP)  # cannot finish its iteration: only the second Ctrl-C ends it
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and out == "", err
+    latest = ckpt / (ckpt / "latest").read_text().strip()
+    assert err.strip().splitlines()[-1] == ("spantrain run: interrupted before the workers finished; last checkpoint: "
+                                            f"{latest} (continue with --resume)"), err
+    assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
+
+
+def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_process(tmp_path):
+    """Ctrl-C reaches the fork server too, which spends its first seconds importing torch."""
+    proc = _start_run(tmp_path, tmp_path / "run", tmp_path / "ckpt")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(ppid == proc.pid and "forkserver" in cmd
+                                                      for _, ppid, _, cmd in _processes()):
+            time.sleep(0.02)
+        time.sleep(0.3)  # into its imports (not the interpreter's start, where SIGINT still ends it silently)
+        os.killpg(proc.pid, signal.SIGINT)
+        # the output ends when every process holding it has: the launcher, the fork server, any worker
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("spantrain run: interrupted"), err
+    deadline = time.monotonic() + 10  # their output is closed; they may still be exiting
+    while time.monotonic() < deadline and any(pgid == proc.pid for _, _, pgid, _ in _processes()):
+        time.sleep(0.1)
+    assert not [cmd for _, _, pgid, cmd in _processes() if pgid == proc.pid]
+
+
 def _check_exact(result, tmp_path):
     ref = train_reference(workload(), steps=3, batch=BATCH, seed=0, optim=OptimConfig(lr=LR, eps=EXACT_EPS))
     assert result["losses"] == pytest.approx(ref.losses, rel=1e-5)
