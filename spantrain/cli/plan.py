@@ -204,7 +204,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, output) -
     con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({len(cluster)} devices, "
               f"{len(plan.devices)} used), found in {plan_s:.2f} s")
     t = Table(title_justify="left", title=f"{len(plan.pipelines)} pipeline(s), {len(plan.devices)} stage(s)")
-    for col in ("pipeline", "micro-batches", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
+    for col in ("pipeline", "micro-batch", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
                 "memory GB"):
         t.add_column(col, justify="left" if col in ("device", "region", "layers") else "right")
     for p, pipe in enumerate(plan.pipelines):
@@ -214,7 +214,8 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, output) -
             mem = f"{need:.1f} / {d.memory_gb:g}"
             first = s == 0
             t.add_row(str(p) if first else "",
-                      f"{pipe.num_micro_batches} x {pipe.micro_batch_size}" if first else "",
+                      # size x count, as `simulate` prints it
+                      f"{pipe.micro_batch_size} x {pipe.num_micro_batches}" if first else "",
                       f"{est.pipeline_period_s[p]:.4g}" if first else "",
                       str(s), st.device, d.region, f"{d.tflops:g}",
                       f"[{st.layers[0]}, {st.layers[1]}) ({st.num_layers})",

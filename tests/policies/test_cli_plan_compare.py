@@ -48,6 +48,12 @@ def test_plan_human_output(run_cli, cluster_file):
                              "--global-batch", "32")
     assert code == 0, err
     assert "megatron plan" in out and "throughput" in out and "pipeline(s)" in out and "32 samples" in out
+    # micro-batch size x count, the order `simulate` prints (count x size read as the other)
+    code, js, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-medium", "--planner", "megatron",
+                            "--global-batch", "32", "--json")
+    pipe = json.loads(js)["plan"]["pipelines"][0]
+    assert pipe["micro_batch_size"] != pipe["num_micro_batches"], pipe  # else the order would not show
+    assert f"{pipe['micro_batch_size']} x {pipe['num_micro_batches']}" in out
 
 
 def test_plan_ga_budget(run_cli, cluster_file):
