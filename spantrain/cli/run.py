@@ -30,7 +30,7 @@ from spantrain.cli._common import (
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.policies.train_config import MAX_SEED
 
-__all__ = ["register", "ADAPT_CHECKPOINT_EVERY"]
+__all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note"]
 
 MAX_TIMEOUT_S = 7 * 86400.0
 """Largest --timeout: a week (a longer wait is a hang; huge values overflow the process group's timer)."""
@@ -154,6 +154,15 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--metrics {args.metrics} is a directory: pass a file path")
 
 
+def other_data_note(before: str | None, now: str | None) -> str | None:
+    """A note when a resumed run trains on other data than the checkpoint's run did: allowed
+    (fine-tuning on new data is a reason to resume), but the sample sequence changes."""
+    if before == now:
+        return None
+    now_s, before_s = (d or "the built-in synthetic corpus" for d in (now, before))
+    return f"resuming on {now_s}, where the checkpoint's run trained on {before_s}: the sample sequence changes"
+
+
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
     """Refuse now, not at the first checkpoint (without --checkpoint-every, the end of the run:
     all of its training lost), a checkpoint directory that cannot be written; and, without
@@ -218,6 +227,9 @@ def _run(args: argparse.Namespace) -> int:
             # The data order follows the seed; the checkpoint's keeps the sample sequence intact.
             _note(f"resuming with the checkpoint's seed {state['seed']} (not --seed {seed})")
             seed = int(state["seed"])
+        note = other_data_note(state.get("data"), str(Path(args.data).resolve()) if args.data else None)
+        if note:
+            _note(note)
 
     if args.checkpoint_dir:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)

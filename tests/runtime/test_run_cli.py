@@ -237,3 +237,13 @@ def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
     start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert start["devices"] == {"0": "a-1", "1": "a-0"}
     _check_exact(result, tmp_path)
+
+
+def test_resuming_on_other_data_says_so():
+    from spantrain.cli.run import other_data_note
+
+    assert other_data_note("/d/a.txt", "/d/a.txt") is None and other_data_note(None, None) is None
+    assert other_data_note("/d/a.txt", "/d/b.txt") == ("resuming on /d/b.txt, where the checkpoint's run trained "
+                                                        "on /d/a.txt: the sample sequence changes")
+    assert other_data_note("/d/a.txt", None) == ("resuming on the built-in synthetic corpus, where the checkpoint's "
+                                                 "run trained on /d/a.txt: the sample sequence changes")
