@@ -32,6 +32,8 @@ from spantrain.policies.train_config import MAX_SEED
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note"]
 
+MIN_TIMEOUT_S = 1.0
+"""Smallest --timeout: below it gloo aborts the workers (SIGABRT) before they have even met."""
 MAX_TIMEOUT_S = 7 * 86400.0
 """Largest --timeout: a week (a longer wait is a hang; huge values overflow the process group's timer)."""
 ADAPT_CHECKPOINT_EVERY = 10
@@ -117,8 +119,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
-    _check_finite("--timeout", args.timeout, f"of seconds in (0, {MAX_TIMEOUT_S:g}]",
-                  0 < args.timeout <= MAX_TIMEOUT_S)
+    _check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
+                  MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S)
     if args.checkpoint_every and not args.checkpoint_dir:
         raise ExecutionError("--checkpoint-every needs --checkpoint-dir")
     if not args.emulate and (args.emulate_cpus is not None or args.emulate_mode != "auto"):

@@ -62,7 +62,9 @@ def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
     (["--adam-eps", "inf"], "--adam-eps must be a finite number > 0, got inf"),
-    (["--timeout", "inf"], "--timeout must be a finite number of seconds in (0, 604800], got inf"),
+    (["--timeout", "inf"], "--timeout must be a finite number of seconds in [1, 604800], got inf"),
+    # gloo aborted the workers below a second ("killed by SIGABRT")
+    (["--timeout", "0.001"], "--timeout must be a finite number of seconds in [1, 604800], got 0.001"),
     (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file, not a directory"),
     (["--run-dir", "FILE"], "--run-dir FILE is a file, not a directory"),
     (["--data", "DIR"], "--data DIR is a directory"),
