@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from runtime_helpers import BATCH, EXACT_EPS, LR, default_sigint, plan, spantrain_here, workload, write_inputs
@@ -58,6 +59,9 @@ def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
             time.sleep(0.2)
         time.sleep(1.0)
         workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        # OpenMP threads wait passively: spinning ones slowed a worker 50x beside another job
+        for w in workers:
+            assert b"OMP_WAIT_POLICY=PASSIVE" in Path(f"/proc/{w['pid']}/environ").read_bytes().split(b"\0")
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
