@@ -14,7 +14,7 @@ The supervisor watches every worker's exit:
 - Ctrl-C: workers get SIGTERM, finish the current iteration together, checkpoint and exit;
   a second Ctrl-C (or the grace period running out) kills them. SIGTERM or SIGHUP to the
   launcher (`kill`, `timeout`, a scheduler stopping the job, a closed terminal) is a Ctrl-C
-  (`Terminated`), unless the signal was ignored when the run started (``nohup``).
+  (`spantrain.runtime.stop_signals`), unless the signal was ignored when the run started (``nohup``).
 
 So a run never hangs on a dead worker, and never leaves processes behind. With an
 `Adapter` (``spantrain run --adapt``) the supervisor also checks the cluster file while the
@@ -46,13 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from spantrain.errors import ExecutionError
+from spantrain.runtime import stop_signals
 from spantrain.runtime.adapter import Adapter, StopTimedOut
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
 from spantrain.runtime.metrics import drift_message
 
-__all__ = ["launch_local", "launch_emulated", "workers_file", "Terminated"]
+__all__ = ["launch_local", "launch_emulated", "workers_file"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -102,31 +103,15 @@ def _without_main_fixup() -> Iterator[None]:
             main.__spec__ = saved
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to a local run's launcher, handled as Ctrl-C: by default the launcher would
-    die at once, and its workers after it (they exit when it is gone) without a checkpoint,
-    losing every iteration since the last one."""
-
-
 @contextlib.contextmanager
 def _stop_signals_interrupt() -> Iterator[None]:
-    """While the workers run: SIGTERM and SIGHUP raise `Terminated` (the main thread only can)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise Terminated(f"by {signal.Signals(signum).name}")
-
-    old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`: the user asked to survive the terminal
-            old[sig] = signal.signal(sig, terminate)
+    """While the workers run: SIGTERM and SIGHUP raise `Terminated`, handled as Ctrl-C (by default
+    the launcher would die at once, and its workers after it without a checkpoint)."""
+    old = stop_signals.install()
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        stop_signals.restore(old)
 
 
 _WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
+from spantrain.runtime import stop_signals
 from spantrain.runtime.emulator import cpu, netns, shaping, state, system
 from spantrain.runtime.emulator.latency import ENV_VAR, Emulation
 from spantrain.runtime.emulator.launch import DeviceProcess, DeviceResult, stop_all, wait_all
@@ -42,10 +42,6 @@ MODES = ("auto", "netns", "local")
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-class _Terminated(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM/SIGHUP so `with` blocks unwind and clean up."""
 
 
 class EmulatedCluster:
@@ -327,21 +323,12 @@ class EmulatedCluster:
 
     def _install_handlers(self) -> None:
         atexit.register(self.cleanup)
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def terminate(signum: int, frame: object) -> None:
-            raise _Terminated(f"by {signal.Signals(signum).name}")
-
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`: the user asked to survive the terminal
-                self._old_handlers[sig] = signal.signal(sig, terminate)
+        self._old_handlers = stop_signals.install()  # SIGTERM/SIGHUP unwind `with` blocks, which clean up
 
     def _restore_handlers(self) -> None:
         atexit.unregister(self.cleanup)
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        self._old_handlers.clear()
+        stop_signals.restore(self._old_handlers)
+        self._old_handlers = {}
 
 
 def _host_name(device_id: str) -> str:
