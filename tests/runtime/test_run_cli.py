@@ -44,15 +44,8 @@ def test_human_run_on_a_text_file_writes_metrics(tmp_path):
 
 
 def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
-    cluster, model = write_inputs(tmp_path)
-    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    # its own session: Ctrl-C in a terminal signals the whole foreground process group
-    proc = subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
-                             "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
-                             "--checkpoint-dir", str(ckpt), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=default_sigint)
+    proc = _start_run(tmp_path, run_dir, ckpt)  # its own session: Ctrl-C in a terminal signals the whole group
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
