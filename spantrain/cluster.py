@@ -489,6 +489,10 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     devices: list[Device] = []
     expected = 0  # devices after count expansion
     refused: set[str] = set()  # ids of refused entries: overrides naming their devices are not "unknown"
+    # How often each id occurs after count expansion, over every entry whose id (and count) is
+    # known, refused or not: a duplicate id is reported with the entry's other problems.
+    id_counts: dict[str, int] = {}
+    counted = 0  # ids counted so far; past MAX_DEVICES the spec is refused anyway (too many, or bad entries)
     raw_devices = spec.get("devices")
     if "devices" in spec and (not isinstance(raw_devices, list) or not raw_devices):
         problems.append("devices: expected a non-empty list of devices (the cluster is empty)")
@@ -527,6 +531,10 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                                        or local_rank < 0):
             problems.append(f"{where}: local_rank must be an integer >= 0")
         layer_times = _parse_layer_times(entry["layer_times"], where, problems) if "layer_times" in entry else {}
+        if did is not None and count is not None and counted + count <= MAX_DEVICES:
+            counted += count
+            for i in [did] if "count" not in entry else [f"{did}-{c}" for c in range(count)]:
+                id_counts[i] = id_counts.get(i, 0) + 1
         if None in (did, region, tflops, mem, count):
             refused.add(str(entry.get("id")))
             continue
@@ -542,10 +550,8 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     if expected > MAX_DEVICES:
         problems.append(f"devices: {expected} devices after count expansion, at most {MAX_DEVICES} are supported "
                         "(lower the counts)")
-    seen: dict[str, int] = {}
-    for d in devices:
-        seen[d.id] = seen.get(d.id, 0) + 1
-    for did, c in seen.items():
+    seen = {d.id for d in devices}
+    for did, c in id_counts.items():
         if c > 1:
             problems.append(f"devices: duplicate device id {did!r} (ids must be unique after count expansion)")
     # overrides refer to expanded device ids

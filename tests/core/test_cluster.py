@@ -113,6 +113,19 @@ def test_every_problem_is_reported_at_once(demo_spec):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("entry, dup", [(1, "end-0"), (2, "edge-0"), (2, "cloud-1")],
+                         ids=["bad-figure-entry-second", "bad-figure-entry-first", "count-expanded"])
+def test_a_duplicate_id_is_reported_with_the_entrys_other_problems(demo_spec, entry, dup):
+    """An entry with a bad figure and an id another entry has: both problems in the one error."""
+    demo_spec["devices"][entry]["id"] = dup
+    demo_spec["devices"][entry]["tflops"] = -1
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    assert "tflops must be a positive number" in str(err.value)
+    assert f"duplicate device id {dup!r}" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_file_errors_are_one_line(tmp_path):
     with pytest.raises(SpecError, match="file not found"):
         Cluster.from_file(tmp_path / "missing.yaml")
