@@ -67,16 +67,20 @@ def synthetic_corpus(num_bytes: int = 1 << 18, seed: int = 1234) -> np.ndarray:
 
 
 def load_tokens(path: str | Path | None) -> np.ndarray:
-    """Bytes of the file at `path` as tokens, or the synthetic corpus when `path` is None."""
+    """Bytes of the file at `path` as tokens, or the synthetic corpus when `path` is None.
+
+    The file is mapped read-only (`np.memmap`), not read: the workers of a run share its
+    pages through the page cache, and a corpus larger than memory trains too (a sample
+    touches only its own window). The file must not change while the run reads it.
+    """
     if path is None:
         return synthetic_corpus()
     p = Path(path)
     if not p.is_file():
         raise ExecutionError(f"--data {p}: file not found")
-    data = np.fromfile(p, dtype=np.uint8)
-    if data.size == 0:
+    if p.stat().st_size == 0:  # mmap refuses an empty file
         raise ExecutionError(f"--data {p}: file is empty")
-    return data
+    return np.memmap(p, dtype=np.uint8, mode="r")
 
 
 class SampleStream:

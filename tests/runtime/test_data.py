@@ -68,3 +68,23 @@ def test_data_errors(tmp_path):
         SampleStream(np.zeros(100, dtype=np.uint8), seq_len=16, seed=0, vocab_size=100)
     (tmp_path / "t.txt").write_bytes(b"hello world")
     assert bytes(load_tokens(tmp_path / "t.txt")) == b"hello world"
+
+
+def test_a_data_file_is_mapped_read_only_not_read_into_memory(tmp_path):
+    """Every worker maps the file (shared pages, no copy per process); samples are unchanged."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(bytes(synthetic_corpus(1 << 13)) + bytes(range(256)))  # every byte value, 0 and 255 too
+    tokens = load_tokens(path)
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint8 and not tokens.flags.writeable
+    read = np.fromfile(path, dtype=np.uint8)
+    assert np.array_equal(tokens, read)
+    for masked_lm in (False, True):
+        mapped = SampleStream(tokens, seq_len=16, seed=5, vocab_size=300, masked_lm=masked_lm)
+        assert np.shares_memory(mapped.tokens, tokens)  # the stream keeps the mapping, no copy
+        copied = SampleStream(read, seq_len=16, seed=5, vocab_size=300, masked_lm=masked_lm)
+        n = mapped.num_windows
+        for start, count in ((0, 7), (n - 3, 6), (5 * n + 1, 2)):  # across an epoch boundary, a later epoch
+            x, y = mapped.batch(start, count)
+            assert x.dtype == y.dtype == torch.int64
+            ex, ey = copied.batch(start, count)
+            assert torch.equal(x, ex) and torch.equal(y, ey)
