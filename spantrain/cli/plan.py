@@ -3,9 +3,10 @@
 Prints the plan readably (pipelines, stages, layers, devices, micro-batches, predicted
 throughput and iteration time, memory per device) or, with ``--json``, one object:
 ``{"plan": {...}, "estimate": {...}, "iteration_s", "samples_per_s", "feasible",
-"peak_memory_gb", "planner", "plan_s"}``. A baseline whose arrangement does not fit
-memory still prints its plan, marked infeasible (as `simulate` does); a planner that
-finds nothing feasible is an error (exit 2).
+"peak_memory_gb", "planner", "plan_s", "load_s"}`` (``plan_s`` is planning; ``load_s`` the
+one-time loading of the learned policy before it, 0 for planners without one). A
+baseline whose arrangement does not fit memory still prints its plan, marked infeasible
+(as `simulate` does); a planner that finds nothing feasible is an error (exit 2).
 
 With ``--from RUNNING.json`` it adapts a running plan to the cluster as it is now
 (`spantrain.policies.adapt`): keep it, let the policy move it, or re-plan, whichever
@@ -123,11 +124,18 @@ def run(args: argparse.Namespace) -> int:
     check_policy(args.policy)  # options passed the check: a planner that takes it
     t0 = time.perf_counter()
     adaptation = None
+    load_s = 0.0
     if args.running:
         adaptation = _adapt(args, cluster, workload, options)
         plan = adaptation.plan
     else:
-        plan = get_planner(args.planner, **options).plan(cluster, workload)
+        planner = get_planner(args.planner, **options)
+        prepare = getattr(planner, "prepare", None)
+        if prepare is not None:  # loading the policy (and torch) is not planning: timed apart
+            prepare()
+            load_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+        plan = planner.plan(cluster, workload)
     plan_s = time.perf_counter() - t0
     model = CostModel(cluster, workload, memo=False)
     est = model.estimate(plan)
@@ -139,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"plan": plan.to_dict(), "estimate": est.to_dict(), "iteration_s": est.iteration_s,
                "samples_per_s": est.samples_per_s, "feasible": est.feasible,
-               "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s}
+               "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s,
+               "load_s": load_s}
         if adaptation is not None:
             out["adaptation"] = adaptation.to_dict()
         print_json(out)
@@ -148,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if adaptation is not None:
         _print_adaptation(adaptation, args.output)
         label = adaptation.chosen  # "keep plan for ...", "heuristic plan for ..."
-    _print_human(cluster, workload, plan, est, model, label, plan_s, args.output)
+    _print_human(cluster, workload, plan, est, model, label, plan_s, load_s, args.output)
     return 0
 
 
@@ -195,14 +204,15 @@ def _print_adaptation(a, output: str | None) -> None:
         con.print("decision   keep the running plan (nothing finishes sooner once migration is paid)")
 
 
-def _print_human(cluster, workload, plan, est, model, planner, plan_s, output) -> None:
+def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, output) -> None:
     from rich.console import Console
     from rich.table import Table
 
     # piped output keeps whole rows (rich would wrap at 80 columns)
     con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
     con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({len(cluster)} devices, "
-              f"{len(plan.devices)} used), found in {plan_s:.2f} s")
+              f"{len(plan.devices)} used), found in {plan_s:.2f} s"
+              + (f" (+ {load_s:.1f} s loading the policy)" if load_s >= 0.05 else ""))
     t = Table(title_justify="left", title=f"{len(plan.pipelines)} pipeline(s), {len(plan.devices)} stage(s)")
     for col in ("pipeline", "micro-batch", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
                 "memory GB"):

@@ -194,6 +194,33 @@ def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
     assert result.feasible and clock[0] == 101.0 and result.plan_s == 1.0  # prepared, untimed
 
 
+def test_plan_times_loading_the_policy_apart_from_planning(run_cli, cluster_file, monkeypatch):
+    # a fresh process pays seconds to load torch and the policy; `plan` must not call that planning
+    from spantrain.cli import plan as plan_cli
+    from spantrain.policies import registry
+
+    clock = [0.0]
+    monkeypatch.setattr(plan_cli.time, "perf_counter", lambda: clock[0])
+    real = registry.get_planner("heuristic")
+
+    class Slow:
+        def prepare(self):
+            clock[0] += 7.0
+
+        def plan(self, cluster, workload):
+            clock[0] += 0.25
+            return real.plan(cluster, workload)
+
+    monkeypatch.setattr(registry, "get_planner", lambda name, **options: Slow())
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-small", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["plan_s"] == 0.25 and obj["load_s"] == 7.0
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-small")
+    assert code == 0, err
+    assert "found in 0.25 s (+ 7.0 s loading the policy)" in out
+
+
 def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_path, monkeypatch):
     from spantrain.policies import ppo as ppo_module
     from spantrain.policies.compare import run_planner
