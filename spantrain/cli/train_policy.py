@@ -36,19 +36,21 @@ def run(args: argparse.Namespace) -> int:
         SHIPPED_POLICY.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(summary["best"]["policy"], SHIPPED_POLICY)
         summary["shipped"] = str(SHIPPED_POLICY)
-    if args.json:
-        print_json(summary)
-        return 0
+    # The human summary goes to one stream: stdout, or stderr with --json (stdout then holds
+    # only the JSON object).
+    out = sys.stderr if args.json else sys.stdout
     final = summary["final"]
     print(f"trained in {summary['train_s'] / 60:.1f} min (heuristic starts {summary['starts_s']:.0f} s); "
-          f"policy {summary['policy']}", file=sys.stderr)
+          f"policy {summary['policy']}", file=out)
     print(f"held-out (heuristic plans to improve, and to adapt to a network change): effective throughput "
           f"vs the start median {final['median_ratio']:.4f}, geomean {final['geomean_ratio']:.4f} (planning "
           f"{final['planning_geomean']:.4f}, adaptation {final['adaptation_geomean']:.4f}), >= 1% better on "
-          f"{final['better_1pct']:.0%} of {final['cases']} cases")
+          f"{final['better_1pct']:.0%} of {final['cases']} cases", file=out)
     best = summary["best"]
     print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
-          f"{best['policy']}{' (shipped)' if args.ship else ''}", file=sys.stderr)
+          f"{best['policy']}{' (shipped)' if args.ship else ''}", file=out)
+    if args.json:
+        print_json(summary)
     return 0
 
 

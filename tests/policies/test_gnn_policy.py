@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -232,15 +233,30 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
 
     shipped = tmp_path / "assets" / "ppo-policy.pt"
     monkeypatch.setattr(ppo, "SHIPPED_POLICY", shipped)  # never overwrite the package's policy
-    code, out, err = run_cli("train-policy", "--timesteps", "0", "--imitation-episodes", "2", "--imitation-rounds",
-                             "1", "--imitation-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
-                             "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2", "--hidden", "16", "--layers",
-                             "1", "--no-track", "--no-progress", "--workers", "1", "--out-dir", tmp_path / "run",
-                             "--cache-dir", tmp_path / "cache", "--ship")
-    assert code == 0 and "held-out" in out, err
-    assert "best held-out evaluation at step 0" in err and "(shipped)" in err
+
+    def train(out_dir, *extra):
+        return run_cli("train-policy", "--timesteps", "0", "--imitation-episodes", "2", "--imitation-rounds",
+                       "1", "--imitation-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
+                       "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2", "--hidden", "16", "--layers",
+                       "1", "--no-track", "--no-progress", "--workers", "1", "--out-dir", tmp_path / out_dir,
+                       "--cache-dir", tmp_path / "cache", "--ship", *extra)
+
+    # the human summary is on one stream: stdout, or stderr beside --json's one object on stdout
+    code, out, err = train("run")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("trained in ") and lines[1].startswith("held-out "), out
+    assert lines[2].startswith("best held-out evaluation at step 0") and lines[2].endswith("(shipped)"), out
+    assert "trained in" not in err and "held-out" not in err, err
     assert shipped.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
     ppo.load_policy(shipped)
+
+    code, out, err = train("run-json", "--json")
+    assert code == 0, err
+    summary = json.loads(out)  # exactly one JSON object, nothing else on stdout
+    assert out.count("\n") == 1 and summary["shipped"] == str(shipped)
+    human = [x for x in err.splitlines() if x.startswith(("trained in ", "held-out ", "best held-out "))]
+    assert len(human) == 3 and human[2].endswith("(shipped)"), err
 
 
 @pytest.mark.slow
