@@ -1,3 +1,29 @@
-from spantrain.cli import main
+"""`python -m spantrain` and the `spantrain` console script (`run`).
 
-raise SystemExit(main())
+Ctrl-C may come at any moment of start-up, while numpy, the command modules and torch are
+still being imported, before `spantrain.cli.main` handles it: `run` first makes it end the
+process with one line and exit code 130 (`spantrain._interrupt`). Importing the package
+and this module loads nothing before that (see `spantrain/__init__`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from spantrain import _interrupt
+
+
+def run() -> int:
+    """The command line: `spantrain.cli.main`, with Ctrl-C during its start-up handled too."""
+    _interrupt.install()
+    try:
+        from spantrain.cli import main
+
+        return main()
+    except KeyboardInterrupt:  # SIGINT had another handler than Python's (run() called in-process)
+        print("spantrain: interrupted", file=sys.stderr)
+        return _interrupt.INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())

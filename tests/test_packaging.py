@@ -49,6 +49,16 @@ def test_core_imports_no_heavy_frameworks():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_package_exports_load_on_first_use():
+    """`import spantrain` loads nothing (the CLI's Ctrl-C handling comes first); every export still works."""
+    code = ("import sys, spantrain; loaded = 'numpy' in sys.modules or 'spantrain.cluster' in sys.modules; "
+            "missing = [n for n in spantrain.__all__ if getattr(spantrain, n, None) is None]; "
+            "extra = sorted(set(spantrain._MODULE_OF) - set(spantrain.__all__)); "
+            "print(loaded, missing, extra); sys.exit(1 if loaded or missing or extra else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_help_lists_every_design_command(run_cli):
     code, out, _ = run_cli("--help")
     assert code == 0

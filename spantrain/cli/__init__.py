@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from spantrain._interrupt import INTERRUPTED, command_starts
 from spantrain.errors import SpantrainError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -26,6 +27,12 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("emulate", "emulate", "run a command on a local emulated cluster"),
     ("run", "run", "real training driven by a plan or planner"),
 ]
+
+QUIT_ON_CTRL_C = {"topo", "plan", "simulate", "compare"}
+"""Commands that start no process and keep nothing to save: run as `spantrain` (the process
+entry, `spantrain.__main__`), Ctrl-C ends them at once at any moment, their imports
+included, with one line and exit code 130 (`spantrain._interrupt`). The others stop and
+save on KeyboardInterrupt once they run."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,11 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # imports every command's module
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # before a command runs: nothing to report but that
+        print("spantrain: interrupted", file=sys.stderr)
+        return INTERRUPTED
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    command_starts(args.command, handles_ctrl_c=args.command not in QUIT_ON_CTRL_C)
     try:
         return int(args.func(args) or 0)
     except SpantrainError as e:

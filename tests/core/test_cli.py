@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,41 @@ def test_real_process_prints_no_traceback(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+ROOT = Path(__file__).resolve().parents[2]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "spantrain"
+
+
+def _default_sigint() -> None:
+    """`preexec_fn`: a suite started as a background job passes SIGINT ignored to its children."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["module", "console-script"])
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(entry):
+    """Ctrl-C while `spantrain` still imports its modules (numpy, the command modules, then
+    what plan itself imports): one line and exit code 130, at whatever moment it comes."""
+    if entry == "console-script" and not CONSOLE_SCRIPT.exists():
+        pytest.skip(f"no console script at {CONSOLE_SCRIPT}")
+    start = [sys.executable, "-m", "spantrain"] if entry == "module" else [str(CONSOLE_SCRIPT)]
+    # plan takes about a second here, so every delay interrupts it before it is done
+    command = [*start, "plan", "--cluster", str(ROOT / "examples" / "cee-demo.yaml"), "--model", "tiny-gpt",
+               "--planner", "heuristic"]
+    # from 0.05 s: the interpreter's own start (~20 ms here, longer with an editable install's
+    # .pth finder) is out of spantrain's reach
+    for delay in (0.05, 0.07, 0.09, 0.11, 0.14, 0.17, 0.2, 0.25, 0.3, 0.4):
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_default_sigint)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        # killed before the interpreter installed its handler: silent, and 130 to a shell
+        if proc.returncode == -signal.SIGINT and out == err == "":
+            continue
+        assert proc.returncode == 130 and "Traceback" not in err, f"after {delay} s: {err}"
+        assert len(err.splitlines()) == 1 and "interrupted" in err, f"after {delay} s: {err}"
 
 
 def test_generated_flags_show_defaults_as_they_are_typed(run_cli):
