@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib.machinery
 import json
 import multiprocessing
@@ -53,7 +54,7 @@ from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
 from spantrain.runtime.metrics import drift_message
 
-__all__ = ["launch_local", "launch_emulated", "workers_file"]
+__all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "RUN_LOCK"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -67,6 +68,52 @@ _SECONDARY = ("Connection closed", "Connection reset", "connection reset", "Brok
 def workers_file(run_dir: str | Path) -> Path:
     """JSON with the launcher's and every worker's pid (for tools and tests)."""
     return Path(run_dir) / "workers.json"
+
+
+RUN_LOCK = "run.lock"
+"""File in the run directory that the process owning a run holds an exclusive `flock` on."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
+    """Own `run_dir` for the duration of a run (created if missing), or `ExecutionError` at once
+    when another run holds it: two runs in one directory would share the workers' rendezvous
+    file, the metrics, the result and the logs.
+
+    The lock is the kernel's (`fcntl.flock` on `RUN_LOCK`), tied to the open file: it goes with
+    the process however that ends (an error, Ctrl-C, SIGKILL), so a stale file never blocks a
+    later run. The file stays (removing it would let a third run lock a new file while a second
+    still holds the old one) and says which process holds it. Only the process that starts the
+    workers locks: a local or emulated launcher, not torchrun's processes (one job, many of them,
+    possibly on a shared file system without locks); workers do not inherit the descriptor
+    (it is close-on-exec, and they are forked from the fork server, not from the launcher).
+    """
+    import fcntl
+
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_LOCK
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise ExecutionError(f"--run-dir {run_dir} cannot be written ({e.strerror or e}): pass a directory this run "
+                             "can write") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            raise ExecutionError(f"--run-dir {run_dir} is in use by another spantrain run"
+                                 f"{f' (pid {holder})' if holder.isdigit() else ''}: wait for it to finish, or pass "
+                                 "another --run-dir") from None
+        except OSError as e:  # a file system without locks: run as before, unguarded
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _context() -> multiprocessing.context.BaseContext:

@@ -267,7 +267,7 @@ def _run(args: argparse.Namespace) -> int:
         if world > cores and not args.emulate:
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
-        from spantrain.runtime.launcher import launch_emulated, launch_local
+        from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
 
@@ -277,32 +277,34 @@ def _run(args: argparse.Namespace) -> int:
                                        adapter=adapter)
             return launch_local(cfg, progress=show, adapter=adapter)
 
-        try:
-            if args.adapt:
-                from tqdm import tqdm
+        # this process owns the run directory until the run ends, however it ends
+        with run_dir_lock(run_dir):
+            try:
+                if args.adapt:
+                    from tqdm import tqdm
 
-                from spantrain.runtime.adapter import Adapter, ClusterFile, run_adapting
+                    from spantrain.runtime.adapter import Adapter, ClusterFile, run_adapting
 
-                adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster, steps=args.steps,
-                                  replan=_replanner(args.adapt_planner, cluster, workload, plan),
-                                  # above the progress bar when there is one
-                                  note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
-                result = run_adapting(cfg, launch, adapter)
-            else:
-                result = launch(cfg)
-        except KeyboardInterrupt as e:
-            # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
-            partial = run_dir / "result.json"
-            if partial.exists():
-                _report(json.loads(partial.read_text()), args.json)
-                raise
-            # Killed before they got there (Ctrl-C twice): what is left to continue from.
-            from spantrain.runtime.checkpoint import latest_checkpoint
+                    adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster,
+                                      steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan),
+                                      # above the progress bar when there is one
+                                      note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
+                    result = run_adapting(cfg, launch, adapter)
+                else:
+                    result = launch(cfg)
+            except KeyboardInterrupt as e:
+                # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
+                partial = run_dir / "result.json"
+                if partial.exists():
+                    _report(json.loads(partial.read_text()), args.json)
+                    raise
+                # Killed before they got there (Ctrl-C twice): what is left to continue from.
+                from spantrain.runtime.checkpoint import latest_checkpoint
 
-            latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
-            raise KeyboardInterrupt(f"{e}{' ' if str(e) else ''}before the workers finished; " + (
-                f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written")
-            ) from None
+                latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+                raise KeyboardInterrupt(f"{e}{' ' if str(e) else ''}before the workers finished; " + (
+                    f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written")
+                ) from None
         result["cpu_cores"] = cores
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)

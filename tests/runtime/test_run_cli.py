@@ -184,6 +184,46 @@ def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_proces
     assert not [cmd for _, _, pgid, cmd in _processes() if pgid == proc.pid]
 
 
+def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
+    """Two runs writing one run directory would corrupt each other (rendezvous file, metrics,
+    result): the second is refused in one line before it starts anything; the run directory is
+    free again once its holder is gone, killed or failed."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    first = _start_run(tmp_path, run_dir, ckpt)  # endless, on a-0 and b-0
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not workers_file(run_dir).exists():
+            time.sleep(0.1)
+        started = workers_file(run_dir).read_text()
+        (tmp_path / "one.json").write_text(json.dumps(plan("1f1b", "allreduce", [(10, 1, [("a-1", 0, 6)])])))
+        second = ("run", "-c", str(tmp_path / "cluster.json"), "-m", str(tmp_path / "model.json"), "--plan",
+                  str(tmp_path / "one.json"), "--steps", "1", "--run-dir", str(run_dir), "--json")
+        code, out, err = spantrain_here(*second)
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1 and err.startswith(f"spantrain run: error: --run-dir {run_dir} is in use by "
+                                                        f"another spantrain run (pid {first.pid})"), err
+        assert first.poll() is None and workers_file(run_dir).read_text() == started  # the first runs on untouched
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # no clean exit: its lock must not outlive it
+        first.wait()
+    deadline = time.monotonic() + 10  # its workers notice their launcher is gone
+    while time.monotonic() < deadline and any(pgid == first.pid for _, _, pgid, _ in _processes()):
+        time.sleep(0.1)
+
+    from spantrain.errors import ExecutionError
+    from spantrain.runtime import launcher
+
+    def fail(cfg, **kw):
+        raise ExecutionError("worker rank 0 failed")
+
+    with monkeypatch.context() as m:  # a run that fails gives the run directory back too
+        m.setattr(launcher, "launch_local", fail)
+        code, _, err = spantrain_here(*second)
+    assert code == 2 and err == "spantrain run: error: worker rank 0 failed\n", err
+    code, out, err = spantrain_here(*second)
+    assert code == 0 and json.loads(out)["final_step"] == 1, err
+
+
 def _check_exact(result, tmp_path):
     ref = train_reference(workload(), steps=3, batch=BATCH, seed=0, optim=OptimConfig(lr=LR, eps=EXACT_EPS))
     assert result["losses"] == pytest.approx(ref.losses, rel=1e-5)
