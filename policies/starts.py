@@ -17,6 +17,7 @@ import signal
 from collections.abc import Iterable
 from pathlib import Path
 
+from spantrain._spec import write_text_atomic
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs
 from spantrain.env.plan_env import scenario_workload
 from spantrain.errors import SpantrainError
@@ -54,11 +55,8 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
                   "knobs": {"micro_batch_size": cand.knobs.micro_batch_size, "schedule": cand.knobs.schedule,
                             "sync": cand.knobs.sync, "period": cand.knobs.period}}
     path = Path(cache) / f"{_key_name(key)}.json"
-    # write then rename: Ctrl-C reaches the worker processes too, and a half-written
-    # file must not pass for a cached start
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": list(key), "start": record}))
-    os.replace(tmp, path)
+    # Ctrl-C reaches the worker processes too, and a half-written file must not pass for a cached start
+    write_text_atomic(path, json.dumps({"key": list(key), "start": record}))
     return key, record
 
 

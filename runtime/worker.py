@@ -32,6 +32,7 @@ import torch
 import torch.distributed.checkpoint
 import torch.distributed.pipelining
 
+from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.runtime import zb_order
 from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta
@@ -234,9 +235,7 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan) 
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def guarded(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | None, local: bool,

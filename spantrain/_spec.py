@@ -6,15 +6,17 @@ problems, so a loader can report every problem of a file at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "check_keys", "positive_number", "nonneg_number", "positive_int",
+__all__ = ["read_structured", "write_text_atomic", "check_keys", "positive_number", "nonneg_number", "positive_int",
            "nonempty_str", "fmt_number", "got", "FIGURE_MIN", "FIGURE_MAX"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
@@ -49,6 +51,22 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise error(f"{p}: YAML syntax error{where}: {problem}") from None
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never half
+    of it: a run following its cluster file (``run --adapt``) may read it at any moment, and
+    Ctrl-C may come mid-write. Written beside it, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:  # named by the file the user asked for, not the temporary one
+        raise type(e)(e.errno, e.strerror, str(path)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, problems: list[str]) -> None:

@@ -33,6 +33,7 @@ from spantrain._spec import (
     positive_int,
     positive_number,
     read_structured,
+    write_text_atomic,
 )
 from spantrain.errors import SpecError
 
@@ -254,9 +255,9 @@ class Cluster:
         path = Path(path)
         spec = self.to_spec()
         if path.suffix.lower() == ".json":
-            path.write_text(json.dumps(spec, indent=2) + "\n")
+            write_text_atomic(path, json.dumps(spec, indent=2) + "\n")
         else:
-            path.write_text(yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=100))
+            write_text_atomic(path, yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=100))
 
     # ---- internals ---------------------------------------------------------------------
 

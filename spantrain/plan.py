@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spantrain._spec import check_keys, got, read_structured
+from spantrain._spec import check_keys, got, read_structured, write_text_atomic
 from spantrain.errors import PlanError
 from spantrain.workload import MAX_GLOBAL_BATCH
 
@@ -213,7 +213,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        write_text_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def from_dict(cls, obj: Any, source: str = "plan") -> Plan:

@@ -169,3 +169,28 @@ def test_generator_and_spec_share_the_device_limit():
     from spantrain.profiler import topology
 
     assert topology.MAX_DEVICES is MAX_DEVICES
+
+
+def test_save_replaces_the_file_whole_or_not_at_all(tmp_path, demo_spec, monkeypatch):
+    # `run --adapt` follows a cluster file that a profiler rewrites: a reader must never see half of it
+    import spantrain._spec as spec_module
+
+    path = tmp_path / "cluster.yaml"
+    Cluster.from_spec(demo_spec).save(path)
+    before = path.read_text()
+    demo_spec["devices"][1]["tflops"] = 70
+    changed = Cluster.from_spec(demo_spec)
+
+    def interrupted(self, text):  # the write dies halfway, as on Ctrl-C or a full disk
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec_module.Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        changed.save(path)
+    monkeypatch.undo()
+    assert path.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+    changed.save(path)
+    assert Cluster.from_file(path).device("edge-0").tflops == 70
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
