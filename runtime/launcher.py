@@ -75,10 +75,11 @@ RUN_LOCK = "run.lock"
 
 
 @contextlib.contextmanager
-def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
+def run_dir_lock(run_dir: str | Path, flag: str = "--run-dir") -> Iterator[None]:
     """Own `run_dir` for the duration of a run (created if missing), or `ExecutionError` at once
     when another run holds it: two runs in one directory would share the workers' rendezvous
-    file, the metrics, the result and the logs.
+    file, the metrics, the result and the logs (or, for a checkpoint directory, `flag`
+    ``--checkpoint-dir``, write their checkpoints over each other's).
 
     The lock is the kernel's (`fcntl.flock` on `RUN_LOCK`), tied to the open file: it goes with
     the process however that ends (an error, Ctrl-C, SIGKILL), so a stale file never blocks a
@@ -96,16 +97,16 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise ExecutionError(f"--run-dir {run_dir} cannot be written ({e.strerror or e}): pass a directory this run "
+        raise ExecutionError(f"{flag} {run_dir} cannot be written ({e.strerror or e}): pass a directory this run "
                              "can write") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            raise ExecutionError(f"--run-dir {run_dir} is in use by another spantrain run"
+            raise ExecutionError(f"{flag} {run_dir} is in use by another spantrain run"
                                  f"{f' (pid {holder})' if holder.isdigit() else ''}: wait for it to finish, or pass "
-                                 "another --run-dir") from None
+                                 f"another {flag}") from None
         except OSError as e:  # a file system without locks: run as before, unguarded
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
                 raise

@@ -10,6 +10,7 @@ input is checked before any process starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -277,8 +278,11 @@ def _run(args: argparse.Namespace) -> int:
                                        adapter=adapter)
             return launch_local(cfg, progress=show, adapter=adapter)
 
-        # this process owns the run directory until the run ends, however it ends
-        with run_dir_lock(run_dir):
+        # this process owns the run and checkpoint directories until the run ends, however it ends
+        with contextlib.ExitStack() as owned:
+            owned.enter_context(run_dir_lock(run_dir))
+            if args.checkpoint_dir and Path(args.checkpoint_dir).resolve() != run_dir:
+                owned.enter_context(run_dir_lock(Path(args.checkpoint_dir).resolve(), "--checkpoint-dir"))
             try:
                 if args.adapt:
                     from tqdm import tqdm

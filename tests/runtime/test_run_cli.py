@@ -186,7 +186,7 @@ def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_proces
 
 def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
     """Two runs writing one run directory would corrupt each other (rendezvous file, metrics,
-    result): the second is refused in one line before it starts anything; the run directory is
+    result), as would two writing one checkpoint directory: the second is refused in one line before it starts anything; the run directory is
     free again once its holder is gone, killed or failed."""
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = _start_run(tmp_path, run_dir, ckpt)  # endless, on a-0 and b-0
@@ -203,6 +203,13 @@ def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_pa
         assert err.count("\n") == 1 and err.startswith(f"spantrain run: error: --run-dir {run_dir} is in use by "
                                                         f"another spantrain run (pid {first.pid})"), err
         assert first.poll() is None and workers_file(run_dir).read_text() == started  # the first runs on untouched
+        # another run directory, but the first run's checkpoint directory: its checkpoints would mix in
+        code, out, err = spantrain_here(*second[:-3], "--run-dir", str(tmp_path / "other"), "--checkpoint-dir",
+                                        str(ckpt), "--json")
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1 and err.startswith(f"spantrain run: error: --checkpoint-dir {ckpt} is in use by "
+                                                        f"another spantrain run (pid {first.pid})"), err
+        assert first.poll() is None
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # no clean exit: its lock must not outlive it
         first.wait()
