@@ -70,8 +70,9 @@ def workers_file(run_dir: str | Path) -> Path:
     return Path(run_dir) / "workers.json"
 
 
-RUN_LOCK = "run.lock"
-"""File in the run directory that the process owning a run holds an exclusive `flock` on."""
+RUN_LOCK = ".spantrain-run.lock"
+"""File in the run directory (and the checkpoint directory) that the process owning a run
+holds an exclusive `flock` on; hidden, as it is no checkpoint."""
 
 
 @contextlib.contextmanager

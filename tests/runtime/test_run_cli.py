@@ -186,8 +186,9 @@ def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_proces
 
 def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
     """Two runs writing one run directory would corrupt each other (rendezvous file, metrics,
-    result), as would two writing one checkpoint directory: the second is refused in one line before it starts anything; the run directory is
-    free again once its holder is gone, killed or failed."""
+    result), as would two writing one checkpoint directory: the second is refused in one line
+    before it starts anything; the run directory is free again once its holder is gone,
+    killed or failed."""
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     first = _start_run(tmp_path, run_dir, ckpt)  # endless, on a-0 and b-0
     try:
