@@ -51,7 +51,8 @@ class TrainConfig:
     n_steps: int = 64
     """Steps per environment per PPO rollout."""
     batch_size: int = 128
-    """PPO minibatch size."""
+    """PPO minibatch size (2 or more; no minibatch of one sample may remain of a rollout of
+    n_steps x n_envs steps: a divisor of it is best)."""
     n_epochs: int = 4
     """PPO epochs per rollout."""
     gamma: float = 0.95
@@ -115,6 +116,17 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        # PPO normalizes advantages over each minibatch: one sample normalizes to NaN, and the
+        # NaN weights then end the run with a torch traceback after imitation
+        rollout = self.n_steps * self.n_envs
+        if rollout < 2:
+            raise SpantrainError(f"TrainConfig.n_steps x TrainConfig.n_envs must be at least 2 (PPO's advantages "
+                                 f"over a one-step rollout are NaN), got {self.n_steps} x {self.n_envs}")
+        if self.batch_size < 2 or rollout % self.batch_size == 1:
+            raise SpantrainError(f"TrainConfig.batch_size {self.batch_size} leaves a minibatch of one sample from "
+                                 f"each rollout of TrainConfig.n_steps x TrainConfig.n_envs = {rollout} steps (its "
+                                 f"normalized advantages are NaN): pick a batch size of 2 or more that divides "
+                                 f"{rollout}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise SpantrainError(f"TrainConfig.seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         if self.hidden % ATTENTION_HEADS:

@@ -70,6 +70,12 @@ def test_bad_value_is_named_with_the_value(field, value, needle):
     (["--ent-coef", "inf"], "--ent-coef must be a finite number >= 0, got inf"),
     (["--seed", "-1"], "--seed must be an integer from 0 to 4294967295, got -1"),
     (["--n-envs", "0"], "--n-envs must be a positive integer, got 0"),
+    (["--batch-size", "1"], "--batch-size 1 leaves a minibatch of one sample from each rollout of --n-steps x "
+                            "--n-envs = 512 steps (its normalized advantages are NaN): pick a batch size of 2 or "
+                            "more that divides 512"),
+    (["--n-steps", "24", "--n-envs", "2", "--batch-size", "47"], "--batch-size 47 leaves a minibatch of one sample"),
+    (["--n-steps", "1", "--n-envs", "1"], "--n-steps x --n-envs must be at least 2 (PPO's advantages over a "
+                                          "one-step rollout are NaN), got 1 x 1"),
     (["--max-devices", "100000"], "--max-devices must be at most 4096 (the largest generated cluster), got 100000"),
     (["--min-devices", "40"], "--min-devices must be from 2 to --max-devices (32), got 40"),
     (["--models", ","], "--models must name at least one preset"),
