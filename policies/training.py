@@ -110,6 +110,20 @@ def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int 
             "adaptation_geomean": geomean(r[a]), "cases": len(ratios), "rows": rows}
 
 
+def _check_out_dir(out: Path) -> None:
+    """Make the output directory and check this run can write it, now: else the heuristic
+    starts, and without tracking imitation too, ran before the first file written there failed."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise SpantrainError(f"TrainConfig.out_dir {out} cannot be written ({e.strerror or e}): pass a directory "
+                             "this run can write") from None
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run a training job; returns a summary (paths, timings, final evaluation)."""
     import torch
@@ -139,7 +153,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_out_dir(out)
     torch.manual_seed(config.seed)
     env_cfg = config.env_config()
     eval_cfg = held_out_config(config)

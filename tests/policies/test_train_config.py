@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -107,4 +108,45 @@ def test_init_policy_that_is_not_a_policy_is_one_line_without_planner_advice(run
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [f"spantrain train-policy: error: {spec}: not a spantrain policy file "
                                         "(not a torch file of tensors and plain data)"]
+    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+
+
+TINY = ["--timesteps", "48", "--n-envs", "2", "--n-steps", "24", "--batch-size", "24", "--n-epochs", "1",
+        "--max-devices", "6", "--min-devices", "4", "--models", "gpt2-medium", "--pool-size", "2", "--eval-scenarios",
+        "1", "--eval-every", "48", "--hidden", "16", "--layers", "1", "--imitation-episodes", "1",
+        "--imitation-rounds", "1", "--imitation-epochs", "1", "--workers", "1", "--no-progress"]
+"""A training run of seconds (should a check under test let it start)."""
+
+
+def _unwritable(path: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """An existing directory no file can be created in (root ignores modes: /sys then)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if _unwritable(ro):
+            yield ro
+        elif Path("/sys").is_dir() and _unwritable(Path("/sys")):
+            yield Path("/sys")
+        else:
+            pytest.skip("no unwritable directory here")
+    finally:
+        ro.chmod(0o700)
+
+
+def test_an_out_dir_that_cannot_be_written_fails_before_any_work(run_cli, tmp_path, unwritable_dir):
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", unwritable_dir,
+                             "--cache-dir", tmp_path / "cache")
+    assert code == 2 and out == ""
+    assert err.strip().startswith(f"spantrain train-policy: error: --out-dir {unwritable_dir} cannot be written ("), err
+    assert err.strip().endswith("): pass a directory this run can write") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
