@@ -38,6 +38,7 @@ spantrain run --cluster examples/cee-demo.yaml --model tiny-gpt --planner heuris
   --checkpoint-dir "$OUT/ckpt" --run-dir "$OUT/run"
 
 step "8. Train the scheduling policy for about a minute (the shipped one: see README, 'The learned planner')"
+rm -rf "$OUT/policy"  # a fresh run refuses an --out-dir holding a run (an earlier demo's)
 spantrain train-policy --timesteps 2048 --pool-size 16 --eval-every 1024 --eval-scenarios 4 \
   --imitation-episodes 8 --imitation-rounds 2 --out-dir "$OUT/policy"
 

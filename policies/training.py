@@ -112,9 +112,16 @@ def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int 
 
 def _check_out_dir(out: Path) -> None:
     """Make the output directory and check this run can write it, now: else the heuristic
-    starts, and without tracking imitation too, ran before the first file written there failed."""
+    starts, and without tracking imitation too, ran before the first file written there failed.
+    One that holds another run's policy files is refused: this run would overwrite them
+    (best-policy.pt among them) and mix its checkpoints with that run's."""
     import tempfile
 
+    previous = [p for p in (out / "best-policy.pt", out / "ppo-policy.pt", out / "interrupted-policy.pt")
+                if p.exists()] + sorted((out / "checkpoints").glob("policy-*.pt"))
+    if previous:
+        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): pass "
+                             "another directory, or remove that one to start anew")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -282,7 +289,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tracker.finish()
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
-                                  f"(continue with --init-policy {path})", path) from None
+                                  f"(continue with --init-policy {path} and another --out-dir)", path) from None
     meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
             "curve": curve, "imitation": imitation, "config": asdict(config)}

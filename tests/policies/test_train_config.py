@@ -150,3 +150,18 @@ def test_an_out_dir_that_cannot_be_written_fails_before_any_work(run_cli, tmp_pa
     assert err.strip().startswith(f"spantrain train-policy: error: --out-dir {unwritable_dir} cannot be written ("), err
     assert err.strip().endswith("): pass a directory this run can write") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+
+
+@pytest.mark.parametrize("previous", ["best-policy.pt", "interrupted-policy.pt", "checkpoints/policy-0.pt"])
+def test_an_out_dir_holding_another_run_is_refused_before_any_work(run_cli, tmp_path, previous):
+    run = tmp_path / "run"
+    (run / previous).parent.mkdir(parents=True)
+    (run / previous).write_bytes(b"a previous run's policy")
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", run, "--cache-dir", tmp_path / "cache")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: --out-dir {run} already holds a training run "
+                                        f"({run / previous}): pass another directory, or remove that one to start "
+                                        "anew"], err
+    assert (run / previous).read_bytes() == b"a previous run's policy"
+    assert [p for p in run.rglob("*") if p.is_file()] == [run / previous]  # nothing written beside it
+    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
