@@ -31,10 +31,14 @@ def run(args: argparse.Namespace) -> int:
     with flags_in_errors(TrainConfig):
         config = dataclass_from_args(TrainConfig, args)
         _check_dirs(config)
+        if args.ship:
+            _check_ship(SHIPPED_POLICY)
         summary = train(config)
     if args.ship:
-        SHIPPED_POLICY.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(summary["best"]["policy"], SHIPPED_POLICY)
+        # whole or not at all: `ppo` and `auto` load this file
+        tmp = SHIPPED_POLICY.with_suffix(".pt.tmp")
+        shutil.copyfile(summary["best"]["policy"], tmp)
+        tmp.replace(SHIPPED_POLICY)
         summary["shipped"] = str(SHIPPED_POLICY)
     # The human summary goes to one stream: stdout, or stderr with --json (stdout then holds
     # only the JSON object).
@@ -60,3 +64,20 @@ def _check_dirs(config) -> None:
 
     for name in ("out_dir", "cache_dir"):
         check_dir_option(f"TrainConfig.{name}", getattr(config, name))
+
+
+def _check_ship(target) -> None:
+    """--ship writes into the package (which may be installed read-only): a directory this
+    user cannot write fails now, not after the whole training."""
+    import tempfile
+
+    from spantrain.errors import SpantrainError
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+    except OSError as e:
+        raise SpantrainError(f"--ship: the package's policy directory {target.parent} cannot be written "
+                             f"({e.strerror or e}): train without --ship, then copy best-policy.pt to {target} "
+                             "as a user who can") from None

@@ -165,3 +165,18 @@ def test_an_out_dir_holding_another_run_is_refused_before_any_work(run_cli, tmp_
     assert (run / previous).read_bytes() == b"a previous run's policy"
     assert [p for p in run.rglob("*") if p.is_file()] == [run / previous]  # nothing written beside it
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+
+
+def test_ship_into_a_package_that_cannot_be_written_fails_before_any_work(run_cli, tmp_path, monkeypatch,
+                                                                          unwritable_dir):
+    from spantrain.policies import ppo
+
+    shipped = unwritable_dir / "ppo-policy.pt"
+    monkeypatch.setattr(ppo, "SHIPPED_POLICY", shipped)
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache", "--ship")
+    assert code == 2 and out == ""
+    assert err.strip().startswith(f"spantrain train-policy: error: --ship: the package's policy directory "
+                                  f"{unwritable_dir} cannot be written ("), err
+    assert err.strip().endswith(f"): train without --ship, then copy best-policy.pt to {shipped} as a user who can")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()  # nothing was trained
