@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import netrc
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tracker", "wandb_mode"]
+__all__ = ["Tracker", "wandb_mode", "INIT_TIMEOUT_S"]
+
+INIT_TIMEOUT_S = 30.0
+"""How long an online run may take to start before the run goes offline instead (wandb
+waits 90 s by default; `WANDB_INIT_TIMEOUT` overrides)."""
 
 
 def wandb_mode() -> str:
@@ -43,9 +48,25 @@ class Tracker:
         mode = wandb_mode()
         out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
         out.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
+
+        def init(mode: str, **settings: Any):
+            return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
                               dir=str(out), tags=tags, reinit="finish_previous",
-                              settings=wandb.Settings(silent=True, console="off"))
+                              settings=wandb.Settings(silent=True, console="off", **settings))
+
+        if mode in ("offline", "disabled", "dryrun"):
+            self.run = init(mode)
+            return
+        # online without a login, or without the network (wandb retried for 90 s, then
+        # raised): the job logs offline instead, with a note, rather than failing
+        timeout = {} if os.environ.get("WANDB_INIT_TIMEOUT") else {"init_timeout": INIT_TIMEOUT_S}
+        try:
+            self.run = init(mode, **timeout)
+        except wandb.errors.Error as e:
+            reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            self.run = init("offline")
+            print(f"spantrain: note: W&B cannot log online ({reason[:200]}); logging offline to "
+                  f"{self.url_or_dir} instead (`wandb sync {self.url_or_dir}` uploads it later)", file=sys.stderr)
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:

@@ -1,0 +1,37 @@
+"""The W&B tracker: offline unless logged in, and online trouble never fails the job."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("error", ["UsageError", "CommError"])
+def test_online_without_login_or_network_logs_offline_with_a_note(tmp_path, monkeypatch, capsys, error):
+    import wandb
+
+    from spantrain.tracking import INIT_TIMEOUT_S, Tracker
+
+    real_init = wandb.init
+    seen = []
+
+    def init(*, mode, settings, **kwargs):
+        seen.append((mode, settings.init_timeout))
+        if mode == "online":  # what wandb raises without a login (at once) or without the network (after retries)
+            raise getattr(wandb.errors, error)("No API key configured. Use `wandb login` to log in.\nmore advice")
+        return real_init(mode=mode, settings=settings, **kwargs)
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    monkeypatch.setattr(wandb, "init", init)
+    tracker = Tracker(job_type="test", config={"a": 1}, dir=tmp_path / "wandb")
+    try:
+        tracker.log({"x": 1.0}, step=0)
+        where = tracker.url_or_dir
+    finally:
+        tracker.finish()
+    assert seen[0] == ("online", INIT_TIMEOUT_S) and seen[1][0] == "offline"  # no 90 s wait for the network
+    assert where.startswith(str(tmp_path / "wandb" / "wandb" / "offline-run-"))
+    assert list((tmp_path / "wandb").rglob("*.wandb"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spantrain: note: W&B cannot log online (No API key configured. Use `wandb login` to log in.); "
+                   f"logging offline to {where} instead (`wandb sync {where}` uploads it later)"]
