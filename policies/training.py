@@ -142,7 +142,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from spantrain.policies.extractor import MaskableGraphPolicy
     from spantrain.policies.ppo import load_policy, load_value_head, save_policy
     from spantrain.policies.starts import HeuristicStarts
-    from spantrain.tracking import Tracker
+    from spantrain.tracking import Tracker, wandb_mode
 
     t_start = time.perf_counter()
     init = None
@@ -156,6 +156,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if have != want:
             raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} has {have}, this run {want}; "
                                  "pass the file's --hidden and --layers")
+    if config.track:
+        wandb_mode()  # a WANDB_MODE wandb does not know fails now, not after the heuristic starts
     # one intra-op thread: the graphs are small, and a second thread fighting for the same
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)

@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tracker", "wandb_mode", "INIT_TIMEOUT_S"]
+from spantrain.errors import SpantrainError
+
+__all__ = ["Tracker", "wandb_mode", "WANDB_MODES", "INIT_TIMEOUT_S"]
+
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+"""What `WANDB_MODE` may say (wandb's own list)."""
 
 INIT_TIMEOUT_S = 30.0
 """How long an online run may take to start before the run goes offline instead (wandb
@@ -21,9 +26,14 @@ waits 90 s by default; `WANDB_INIT_TIMEOUT` overrides)."""
 
 
 def wandb_mode() -> str:
-    """`WANDB_MODE` if set, else online when an API key or a `wandb login` entry exists, else offline."""
+    """`WANDB_MODE` if set, else online when an API key or a `wandb login` entry exists, else
+    offline; `SpantrainError` for a `WANDB_MODE` wandb does not know."""
     if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
+        mode = os.environ["WANDB_MODE"]
+        if mode not in WANDB_MODES:
+            raise SpantrainError(f"WANDB_MODE={mode} is not a W&B mode: set it to online, offline or disabled, "
+                                 "or unset it")
+        return mode
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     try:

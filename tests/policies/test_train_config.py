@@ -180,3 +180,15 @@ def test_ship_into_a_package_that_cannot_be_written_fails_before_any_work(run_cl
                                   f"{unwritable_dir} cannot be written ("), err
     assert err.strip().endswith(f"): train without --ship, then copy best-policy.pt to {shipped} as a user who can")
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()  # nothing was trained
+
+
+def test_a_wandb_mode_wandb_does_not_know_fails_before_any_work(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "ofline")
+    code, out, err = run_cli("train-policy", *TINY, "--out-dir", tmp_path / "run", "--cache-dir", tmp_path / "cache")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == ["spantrain train-policy: error: WANDB_MODE=ofline is not a W&B mode: set it "
+                                        "to online, offline or disabled, or unset it"], err
+    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+    code, _, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
+                           tmp_path / "cache")
+    assert code == 0, err  # untracked, W&B's settings do not matter
