@@ -292,12 +292,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
                                   f"(continue with --init-policy {path} and another --out-dir)", path) from None
-    meta = {"timesteps": config.timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
+    # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
+    # final policy (as they name the checkpoints)
+    meta = {"timesteps": model.num_timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
             "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
             "curve": curve, "imitation": imitation, "config": asdict(config)}
     policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta, value=model.policy.value_net)
     if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
-        best.update(steps=config.timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
+        best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
     # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
     chosen, _, _ = load_policy(best["policy"])
     best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,

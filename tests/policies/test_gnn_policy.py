@@ -86,7 +86,8 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch):
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
-    summary = train(TrainConfig(timesteps=96, n_envs=2, n_steps=48, batch_size=48, n_epochs=1, max_devices=6,
+    # 60 steps: PPO runs its one whole rollout of 2 x 48 steps
+    summary = train(TrainConfig(timesteps=60, n_envs=2, n_steps=48, batch_size=48, n_epochs=1, max_devices=6,
                                 min_devices=4, models=("gpt2-medium",), pool_size=4, eval_scenarios=2,
                                 eval_every=48, hidden=16, layers=1, track=True, progress=False, workers=1,
                                 imitation_episodes=2, imitation_rounds=2, imitation_epochs=1, start_kicks=2,
@@ -99,6 +100,7 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch):
     best = summary["best"]
     top = max(p["geomean_ratio"] for p in [*summary["curve"], summary["final"]])
     assert best["geomean_ratio"] == top and best["policy"] == str(tmp_path / "run" / "best-policy.pt")
+    assert best["steps"] in [p["steps"] for p in summary["curve"]]  # steps PPO ran, as the checkpoints say
     _, _, best_meta = load_policy(best["policy"])
     assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
