@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -197,6 +198,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       dir=out / "wandb")
+    wandb_run = tracker.url_or_dir
+    if wandb_run:  # wandb itself is silenced: say where to follow the run
+        print(f"train-policy: W&B run {wandb_run}", file=sys.stderr)
     # PPO's own diagnostics (losses, KL, clip fraction, fps) go to W&B; SB3's default
     # logger would instead leave an empty SB3-<time> directory in /tmp on every run
     model.set_logger(Logger(folder=None, output_formats=[_tracker_writer(tracker)]))
@@ -313,7 +317,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
     tracker.finish()
     summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts, "curve": curve,
-               "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"}}
+               "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"},
+               "wandb": wandb_run}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -100,7 +100,9 @@ class Tracker:
 
     @property
     def url_or_dir(self) -> str:
-        if self.run is None:
+        """Where the run is: its W&B page, or offline its directory (what `wandb sync` takes);
+        "" untracked or with `WANDB_MODE=disabled`."""
+        if self.run is None or getattr(self.run, "disabled", False):
             return ""
         if getattr(self.run, "offline", False):
             return str(Path(self.run.dir).parent)

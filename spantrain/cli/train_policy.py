@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     best = summary["best"]
     print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
           f"{best['policy']}{' (shipped)' if args.ship else ''}", file=out)
+    if summary["wandb"]:
+        print(f"W&B run: {summary['wandb']}", file=out)
     if args.json:
         print_json(summary)
     return 0

@@ -66,7 +66,7 @@ def test_one_network_serves_any_cluster_size():
 
 
 @pytest.mark.slow
-def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch):
+def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, capsys):
     import tempfile
 
     from spantrain.policies.ppo import PPOPlanner, load_policy
@@ -105,6 +105,9 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch):
     assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
+    # wandb is silenced, so training says where its run is: at the start, and in the summary
+    run_dir = next((tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*"))
+    assert summary["wandb"] == str(run_dir) and f"train-policy: W&B run {run_dir}\n" in capsys.readouterr().err
     # PPO's diagnostics of its one update (2 envs x 48 steps) reach W&B; SB3 made no log directory
     for key in ("ppo/approx_kl", "ppo/value_loss", "ppo/policy_gradient_loss", "ppo/entropy_loss", "ppo/fps"):
         assert logged.get(key) == [96], f"{key} logged at steps {logged.get(key)}"
