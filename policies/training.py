@@ -285,6 +285,24 @@ def train(config: TrainConfig) -> dict[str, Any]:
         phase = "final evaluation"
         net.eval()
         final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
+        phase = "saving the policies"
+        # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
+        # final policy (as they name the checkpoints)
+        meta = {"timesteps": model.num_timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
+                "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
+                "curve": curve, "imitation": imitation, "config": asdict(config)}
+        policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta,
+                                  value=model.policy.value_net)
+        if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
+            best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
+        # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
+        chosen, _, _ = load_policy(best["policy"])
+        best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
+                                         meta={**meta, "selected_steps": best["steps"]},
+                                         value=load_value_head(best["policy"])))
+        summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts,
+                   "curve": curve, "imitation": imitation, "final": meta["final_eval"], "wandb": wandb_run}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
     except KeyboardInterrupt:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
@@ -296,30 +314,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
                                   f"(continue with --init-policy {path} and another --out-dir)", path) from None
-    # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
-    # final policy (as they name the checkpoints)
-    meta = {"timesteps": model.num_timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
-            "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
-            "curve": curve, "imitation": imitation, "config": asdict(config)}
-    policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta, value=model.policy.value_net)
-    if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
-        best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
-    # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
-    chosen, _, _ = load_policy(best["policy"])
-    best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
-                                     meta={**meta, "selected_steps": best["steps"]},
-                                     value=load_value_head(best["policy"])))
-    columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio", "plan_s"]
-    tracker.log_table("eval/final", columns, final["rows"])
-    plot = _plot_curve(curve, out / "sample_efficiency.png")
-    if plot:
-        tracker.log_image("eval/curve", plot)
-    tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
-    tracker.finish()
-    summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts, "curve": curve,
-               "imitation": imitation, "final": {k: v for k, v in final.items() if k != "rows"},
-               "wandb": wandb_run}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
+    # uploads) loses only those, and says so
+    try:
+        columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio",
+                   "plan_s"]
+        tracker.log_table("eval/final", columns, final["rows"])
+        plot = _plot_curve(curve, out / "sample_efficiency.png")
+        if plot:
+            tracker.log_image("eval/curve", plot)
+        tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
+        tracker.finish()
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(f"after training, while finishing its plot and W&B run; the best policy is in "
+                                  f"{best['policy']}, the summary in {out / 'summary.json'}",
+                                  Path(best["policy"])) from None
     return summary
 
 

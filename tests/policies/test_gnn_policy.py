@@ -305,3 +305,25 @@ def test_interrupted_training_keeps_its_weights_and_continues_from_them(run_cli,
     code, _, err = run_cli("train-policy", "--timesteps", "48", "--init-policy", saved,
                            "--out-dir", tmp_path / "third", *[a if a != "16" else "32" for a in tiny])
     assert code == 2 and "--hidden" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_training_says_the_policies_are_saved(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies import training
+
+    def ctrl_c(*args, **kwargs):  # while the plot, then the W&B run, are finished
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "_plot_curve", ctrl_c)
+    run = tmp_path / "run"
+    code, out, err = run_cli("train-policy", "--timesteps", "48", "--n-envs", "2", "--n-steps", "24", "--batch-size",
+                             "24", "--n-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
+                             "gpt2-medium", "--pool-size", "2", "--eval-scenarios", "1", "--hidden", "16", "--layers",
+                             "1", "--imitation-episodes", "0", "--no-track", "--no-progress", "--workers", "1",
+                             "--out-dir", run, "--cache-dir", tmp_path / "cache")
+    assert code == 130 and out == ""
+    assert err.strip().splitlines() == [f"spantrain train-policy: interrupted after training, while finishing its "
+                                        f"plot and W&B run; the best policy is in {run / 'best-policy.pt'}, the "
+                                        f"summary in {run / 'summary.json'}"], err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best"]["policy"] == str(run / "best-policy.pt") and (run / "ppo-policy.pt").exists()
