@@ -249,12 +249,12 @@ def clone(policy, env: PlanEnv, *, episodes: int, rounds: int, epochs: int, batc
 
     data: _Samples | None = None
     stats = []
-    bar = tqdm(total=episodes * rounds, desc="imitation", unit="episode", disable=not progress)
-    for r in range(rounds):
-        data = collect(env, episodes, act=None if r == 0 else act, gamma=gamma, samples=data, progress=bar)
-        loss, accuracy = _train(policy, data, epochs, batch_size, rng, lr)
-        stop_share = float(np.mean(np.array(data.actions) == env.actions.stop))
-        stats.append(ImitationStats(samples=len(data), stop_share=stop_share, accuracy=accuracy, loss=loss))
-        bar.set_postfix(samples=len(data), acc=f"{accuracy:.2f}")
-    bar.close()
+    # closed on Ctrl-C too: a message after it then starts on a line of its own
+    with tqdm(total=episodes * rounds, desc="imitation", unit="episode", disable=not progress) as bar:
+        for r in range(rounds):
+            data = collect(env, episodes, act=None if r == 0 else act, gamma=gamma, samples=data, progress=bar)
+            loss, accuracy = _train(policy, data, epochs, batch_size, rng, lr)
+            stop_share = float(np.mean(np.array(data.actions) == env.actions.stop))
+            stats.append(ImitationStats(samples=len(data), stop_share=stop_share, accuracy=accuracy, loss=loss))
+            bar.set_postfix(samples=len(data), acc=f"{accuracy:.2f}")
     return stats

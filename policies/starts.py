@@ -112,21 +112,21 @@ class HeuristicStarts:
             return 0
         from tqdm import tqdm
 
-        bar = tqdm(total=len(missing), desc="heuristic starts", unit="plan", disable=not progress)
         jobs = [(k, str(self.cache_dir)) for k in missing]
-        if workers > 1:
-            # workers ignore Ctrl-C and the pool's exit terminates them: with a
-            # ProcessPoolExecutor, Ctrl-C killed a worker mid-queue and the parent hung waiting
-            # for it; here the parent alone raises KeyboardInterrupt, and the starts already
-            # written stay cached
-            with multiprocessing.Pool(workers, initializer=_ignore_sigint) as pool:
-                for key, record in pool.imap_unordered(_plan_one, jobs, chunksize=4):
+        # closed on Ctrl-C too: a message after it then starts on a line of its own
+        with tqdm(total=len(missing), desc="heuristic starts", unit="plan", disable=not progress) as bar:
+            if workers > 1:
+                # workers ignore Ctrl-C and the pool's exit terminates them: with a
+                # ProcessPoolExecutor, Ctrl-C killed a worker mid-queue and the parent hung waiting
+                # for it; here the parent alone raises KeyboardInterrupt, and the starts already
+                # written stay cached
+                with multiprocessing.Pool(workers, initializer=_ignore_sigint) as pool:
+                    for key, record in pool.imap_unordered(_plan_one, jobs, chunksize=4):
+                        self._memory[key] = record
+                        bar.update()
+            else:
+                for job in jobs:
+                    key, record = _plan_one(job)
                     self._memory[key] = record
                     bar.update()
-        else:
-            for job in jobs:
-                key, record = _plan_one(job)
-                self._memory[key] = record
-                bar.update()
-        bar.close()
         return len(missing)

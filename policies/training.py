@@ -261,8 +261,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
         def _evaluate(self) -> None:
             checkpoint(self.num_timesteps)
 
-        def _on_training_end(self) -> None:
-            self.bar.close()
+        def close(self) -> None:
+            if hasattr(self, "bar"):
+                self.bar.close()
 
     phase = "imitation"
     try:
@@ -279,7 +280,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if imitation or init is not None:
             checkpoint(0)
         if config.timesteps:
-            model.learn(total_timesteps=config.timesteps, callback=Hooks())
+            hooks = Hooks()
+            try:
+                model.learn(total_timesteps=config.timesteps, callback=hooks)
+            finally:  # on Ctrl-C too: the interrupted line then starts on a line of its own
+                hooks.close()
             model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
         t_train = time.perf_counter() - t_start
         phase = "final evaluation"

@@ -327,3 +327,36 @@ def test_ctrl_c_after_training_says_the_policies_are_saved(run_cli, tmp_path, mo
                                         f"summary in {run / 'summary.json'}"], err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best"]["policy"] == str(run / "best-policy.pt") and (run / "ppo-policy.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["starts", "imitation", "ppo"])
+def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatch, phase):
+    from spantrain.policies import starts
+
+    def ctrl_c_on_call(owner, name, n):
+        real, calls = getattr(owner, name), []
+
+        def wrapper(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+
+    if phase == "starts":
+        ctrl_c_on_call(starts, "_plan_one", 2)
+    else:
+        ctrl_c_on_call(PlanEnv, "step", 3 if phase == "imitation" else 30)
+    code, out, err = run_cli("train-policy", "--timesteps", "96", "--n-envs", "2", "--n-steps", "24", "--batch-size",
+                             "24", "--n-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
+                             "gpt2-medium", "--pool-size", "2", "--eval-scenarios", "1", "--hidden", "16", "--layers",
+                             "1", "--imitation-episodes", "0" if phase == "ppo" else "2", "--imitation-rounds", "1",
+                             "--no-track", "--workers", "1", "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache")
+    assert code == 130 and out == ""
+    # the bar is closed first (its last state, then a newline), not left for the message to run onto
+    bar = {"starts": "heuristic starts:", "imitation": "imitation:", "ppo": "train-policy:"}[phase]
+    lines = [line for line in err.split("\n") if line]
+    assert lines[-1].startswith("spantrain train-policy: interrupted") and bar in lines[-2], err
