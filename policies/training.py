@@ -148,7 +148,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     init = None
     if config.init_policy:  # before the heuristic starts: a wrong file should fail in seconds
-        if not Path(config.init_policy).is_file():
+        if not Path(config.init_policy).exists():  # a directory: load_policy says so
             raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} not found (pass a policy file: "
                                  "a checkpoint, or interrupted-policy.pt or best-policy.pt of a training run)")
         init, _, _ = load_policy(config.init_policy)

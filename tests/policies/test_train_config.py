@@ -46,6 +46,15 @@ def test_missing_init_policy_fails_before_any_work(tmp_path):
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
 
 
+def test_an_init_policy_that_is_a_directory_is_named_so(run_cli, tmp_path):
+    code, out, err = run_cli("train-policy", "--init-policy", tmp_path, "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache", "--no-track", "--no-progress")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: {tmp_path}: not a spantrain policy file (it "
+                                        "is a directory)"], err  # not "not found"
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("field,value,needle", [
     ("seed", -1, "seed must be an integer from 0 to 4294967295, got -1"),
     ("learning_rate", float("nan"), "learning_rate must be a finite number > 0, got nan"),
