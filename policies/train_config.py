@@ -60,7 +60,7 @@ class TrainConfig:
     ent_coef: float = 0.01
     """Entropy bonus (keeps exploring moves instead of stopping at once)."""
     hidden: int = 64
-    """Width of the graph encoder (a multiple of its `ATTENTION_HEADS`)."""
+    """Width of the graph encoder (a multiple of 4, its attention heads)."""
     layers: int = 3
     """Message-passing layers."""
     start_kicks: int = 4
@@ -81,7 +81,8 @@ class TrainConfig:
     eval_scenarios: int = 24
     """Held-out scenarios per evaluation."""
     out_dir: str = "runs/policy"
-    """Checkpoints, the final policy file and the evaluation table go here."""
+    """Checkpoints, the final and the best policy file, summary.json, the evaluation plot and
+    the W&B run go here (a directory of this run's own)."""
     workers: int = 2
     """Processes computing the heuristic starts of the pool."""
     track: bool = True

@@ -201,3 +201,13 @@ def test_a_wandb_mode_wandb_does_not_know_fails_before_any_work(run_cli, tmp_pat
     code, _, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
                            tmp_path / "cache")
     assert code == 0, err  # untracked, W&B's settings do not matter
+
+
+def test_help_says_what_a_user_needs(run_cli):
+    from spantrain.policies.train_config import ATTENTION_HEADS
+
+    code, out, _ = run_cli("train-policy", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and f"a multiple of {ATTENTION_HEADS}, its attention heads" in text  # not a constant's name
+    # what --out-dir holds (the evaluation table goes to W&B only)
+    assert "summary.json, the evaluation plot and the W&B run go here" in text and "evaluation table" not in text
