@@ -36,11 +36,24 @@ def wandb_mode() -> str:
         return mode
     if os.environ.get("WANDB_API_KEY"):
         return "online"
+    return "online" if _netrc_login() else "offline"
+
+
+def _netrc_login() -> bool:
+    """Whether the .netrc file wandb reads (`NETRC`, else ~/.netrc) holds a `wandb login`
+    entry: for W&B's API host (api.forge.coreweave.com, where `wandb login` writes it now, or
+    api.wandb.ai) or the server `WANDB_BASE_URL` names."""
+    from urllib.parse import urlsplit
+
+    hosts = {"api.forge.coreweave.com", "api.wandb.ai"}
+    if os.environ.get("WANDB_BASE_URL"):
+        hosts.add(urlsplit(os.environ["WANDB_BASE_URL"]).netloc)
+    path = os.environ.get("NETRC")
     try:
-        auth = netrc.netrc().authenticators("api.wandb.ai")
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        auth = None
-    return "online" if auth else "offline"
+        rc = netrc.netrc(os.path.expanduser(path) if path else None)
+    except (netrc.NetrcParseError, OSError):
+        return False
+    return any(rc.authenticators(host) for host in hosts if host)
 
 
 class Tracker:

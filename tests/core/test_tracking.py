@@ -35,3 +35,25 @@ def test_online_without_login_or_network_logs_offline_with_a_note(tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"spantrain: note: W&B cannot log online (No API key configured. Use `wandb login` to log in.); "
                    f"logging offline to {where} instead (`wandb sync {where}` uploads it later)"]
+
+
+@pytest.mark.parametrize("machine,env", [
+    ("api.wandb.ai", {}),
+    ("api.forge.coreweave.com", {}),  # what `wandb login` writes since W&B's API moved there
+    ("wandb.example.com", {"WANDB_BASE_URL": "https://wandb.example.com"}),  # a W&B server of one's own
+    ("api.forge.coreweave.com", {"NETRC": "{home}/elsewhere/netrc"}),  # where wandb reads and writes it then
+])
+def test_a_wandb_login_entry_means_online(tmp_path, monkeypatch, machine, env):
+    from spantrain.tracking import wandb_mode
+
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(home=tmp_path))
+    assert wandb_mode() == "offline"
+    rc = tmp_path / ".netrc" if "NETRC" not in env else tmp_path / "elsewhere" / "netrc"
+    rc.parent.mkdir(exist_ok=True)
+    rc.write_text(f"machine {machine}\n  login user\n  password {'k' * 40}\n")
+    rc.chmod(0o600)
+    assert wandb_mode() == "online"
