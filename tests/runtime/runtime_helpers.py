@@ -50,11 +50,14 @@ comparison would test rounding, not the runtime; a large epsilon keeps the updat
 proportional to the gradient, so every gradient error shows, including a wrong scale."""
 
 
-def default_sigint() -> None:
-    """`preexec_fn` for children a test interrupts: a suite started as a background job
-    (`cmd &` in a script) passes SIGINT ignored to its children, and Python then installs
-    no KeyboardInterrupt handler; a user's terminal would not."""
+def default_stop_signals() -> None:
+    """`preexec_fn` for children a test interrupts or hangs up on: a suite started as a
+    background job (`cmd &` in a script) passes SIGINT ignored to its children, and Python
+    then installs no KeyboardInterrupt handler; one started under `nohup` passes SIGHUP
+    ignored, and a run keeps ignoring it (as it should under nohup). A user's terminal
+    would do neither."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def plan(schedule: str, sync: str, pipelines: list[tuple[int, int, list[tuple[str, int, int]]]],

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import default_sigint
+from runtime_helpers import default_stop_signals
 
 from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
@@ -87,7 +87,7 @@ def _run_id(stderr: str) -> str:
 
 
 def _emulate(spec: Path, code: str, *extra: str, **kw) -> subprocess.Popen:
-    kw.setdefault("preexec_fn", default_sigint)
+    kw.setdefault("preexec_fn", default_stop_signals)
     return subprocess.Popen([sys.executable, "-m", "spantrain", "emulate", "-c", str(spec), *extra, "--",
                              sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **kw)

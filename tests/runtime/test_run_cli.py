@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import BATCH, EXACT_EPS, LR, default_sigint, plan, spantrain_here, workload, write_inputs
+from runtime_helpers import BATCH, EXACT_EPS, LR, default_stop_signals, plan, spantrain_here, workload, write_inputs
 
 from spantrain.runtime.checkpoint import read_tensors
 from spantrain.runtime.config import OptimConfig
@@ -109,7 +109,7 @@ def _start_run(tmp_path, run_dir, ckpt, *extra):
                              "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
                              "--checkpoint-dir", str(ckpt), "--json", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=default_sigint)
+                            preexec_fn=default_stop_signals)
 
 
 @pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
