@@ -17,6 +17,7 @@ from spantrain.env.costmodel import CostModel
 from spantrain.errors import SpantrainError
 from spantrain.estimate import Estimate
 from spantrain.plan import Plan
+from spantrain.planner import prepare
 from spantrain.policies.registry import available_planners, get_planner
 from spantrain.workload import Workload
 
@@ -84,12 +85,10 @@ def run_planner(name: str, cluster: Cluster, workload: Workload, **options: Any)
     `prepare()`, when it has one (loading the learned policy, which imports torch: ~4 s
     in a fresh process), runs before the clock starts: plan time is planning."""
     planner = get_planner(name, **options)
-    prepare = getattr(planner, "prepare", None)
-    if prepare is not None:
-        try:
-            prepare()
-        except SpantrainError as e:
-            return PlannerResult(name=name, plan=None, estimate=None, plan_s=0.0, reason=_reason(name, e))
+    try:
+        prepare(planner)
+    except SpantrainError as e:
+        return PlannerResult(name=name, plan=None, estimate=None, plan_s=0.0, reason=_reason(name, e))
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         plan = planner.plan(cluster, workload)

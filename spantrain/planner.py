@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from spantrain.plan import Plan
     from spantrain.workload import Workload
 
-__all__ = ["Planner", "gc_paused"]
+__all__ = ["Planner", "prepare", "gc_paused"]
 
 
 @runtime_checkable
@@ -24,6 +24,14 @@ class Planner(Protocol):
     def plan(self, cluster: Cluster, workload: Workload) -> Plan:
         """A valid plan whose iteration batch aims at `workload.global_batch`."""
         ...
+
+
+def prepare(planner: Planner) -> None:
+    """Do a planner's one-time loading now, when it has any (`prepare()`: the learned policy
+    imports torch, seconds in a fresh process), so that timing `plan` times planning."""
+    load = getattr(planner, "prepare", None)
+    if load is not None:
+        load()
 
 
 @contextmanager

@@ -114,6 +114,7 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from spantrain.env.costmodel import CostModel
     from spantrain.errors import PlannerError
+    from spantrain.planner import prepare
     from spantrain.policies.registry import get_planner
 
     if args.remaining_steps is not None and not args.running:
@@ -130,11 +131,9 @@ def run(args: argparse.Namespace) -> int:
         plan = adaptation.plan
     else:
         planner = get_planner(args.planner, **options)
-        prepare = getattr(planner, "prepare", None)
-        if prepare is not None:  # loading the policy (and torch) is not planning: timed apart
-            prepare()
-            load_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
+        prepare(planner)  # loading the policy (and torch) is not planning: timed apart
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         plan = planner.plan(cluster, workload)
     plan_s = time.perf_counter() - t0
     model = CostModel(cluster, workload, memo=False)

@@ -170,6 +170,25 @@ def test_compare_bad_option_exits_2_with_one_line(run_cli, cluster_file, tmp_pat
     _one_line_error(code, out, err, needle)
 
 
+def _slow_planner(clock: list[float], *, load_s: float, plan_s: float):
+    """The heuristic, on a fake clock: `prepare` takes `load_s`, `plan` takes `plan_s`."""
+    from spantrain.policies.registry import get_planner
+
+    real = get_planner("heuristic")
+
+    class Slow:
+        name = "slow"
+
+        def prepare(self):
+            clock[0] += load_s
+
+        def plan(self, cluster, workload):
+            clock[0] += plan_s
+            return real.plan(cluster, workload)
+
+    return Slow()
+
+
 def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
     # one-time loading (the policy, torch) is not planning: plan_s must not include it
     from spantrain.policies import compare
@@ -177,19 +196,8 @@ def test_run_planner_prepares_before_the_clock_starts(monkeypatch):
 
     clock = [0.0]
     monkeypatch.setattr(compare.time, "perf_counter", lambda: clock[0])
-    real = compare.get_planner("heuristic")
-
-    class Slow:
-        name = "slow"
-
-        def prepare(self):
-            clock[0] += 100.0
-
-        def plan(self, cluster, workload):
-            clock[0] += 1.0
-            return real.plan(cluster, workload)
-
-    monkeypatch.setattr(compare, "get_planner", lambda name, **options: Slow())
+    slow = _slow_planner(clock, load_s=100.0, plan_s=1.0)
+    monkeypatch.setattr(compare, "get_planner", lambda name, **options: slow)
     result = compare.run_planner("slow", generate(4, 0, "cee"), Workload.from_preset("gpt2-small"))
     assert result.feasible and clock[0] == 101.0 and result.plan_s == 1.0  # prepared, untimed
 
@@ -201,17 +209,8 @@ def test_plan_times_loading_the_policy_apart_from_planning(run_cli, cluster_file
 
     clock = [0.0]
     monkeypatch.setattr(plan_cli.time, "perf_counter", lambda: clock[0])
-    real = registry.get_planner("heuristic")
-
-    class Slow:
-        def prepare(self):
-            clock[0] += 7.0
-
-        def plan(self, cluster, workload):
-            clock[0] += 0.25
-            return real.plan(cluster, workload)
-
-    monkeypatch.setattr(registry, "get_planner", lambda name, **options: Slow())
+    slow = _slow_planner(clock, load_s=7.0, plan_s=0.25)
+    monkeypatch.setattr(registry, "get_planner", lambda name, **options: slow)
     code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-small", "--json")
     assert code == 0, err
     obj = json.loads(out)
