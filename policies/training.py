@@ -116,20 +116,14 @@ def _check_out_dir(out: Path) -> None:
     starts, and without tracking imitation too, ran before the first file written there failed.
     One that holds another run's policy files is refused: this run would overwrite them
     (best-policy.pt among them) and mix its checkpoints with that run's."""
-    import tempfile
+    from spantrain._spec import require_writable_dir
 
     previous = [p for p in (out / "best-policy.pt", out / "ppo-policy.pt", out / "interrupted-policy.pt")
                 if p.exists()] + sorted((out / "checkpoints").glob("policy-*.pt"))
     if previous:
         raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): pass "
                              "another directory, or remove that one to start anew")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise SpantrainError(f"TrainConfig.out_dir {out} cannot be written ({e.strerror or e}): pass a directory "
-                             "this run can write") from None
+    require_writable_dir(out, "TrainConfig.out_dir", SpantrainError)
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""Small helpers shared by the spec, workload and plan parsers.
+"""Small helpers shared by the spec, workload and plan parsers, and by what writes files.
 
-They check one field at a time and append a message that names the entry to a list of
-problems, so a loader can report every problem of a file at once.
+The parsers' helpers check one field at a time and append a message that names the entry
+to a list of problems, so a loader can report every problem of a file at once.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import json
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "write_text_atomic", "check_keys", "positive_number", "nonneg_number", "positive_int",
-           "nonempty_str", "fmt_number", "got", "FIGURE_MIN", "FIGURE_MAX"]
+__all__ = ["read_structured", "write_text_atomic", "require_writable_dir", "check_keys", "positive_number",
+           "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "FIGURE_MIN", "FIGURE_MAX"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -67,6 +68,18 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def require_writable_dir(path: str | Path, option: str, error: type[Exception],
+                         fix: str = "pass a directory this run can write") -> None:
+    """Create the directory `path` (with its parents) and check a file can be written in it,
+    before any work: else `error` in one line naming `option` and `fix`."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise error(f"{option} {path} cannot be written ({e.strerror or e}): {fix}") from None
 
 
 def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, problems: list[str]) -> None:

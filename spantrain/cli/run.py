@@ -170,21 +170,14 @@ def _check_checkpoint_dir(path: str, resume: bool) -> None:
     """Refuse now, not at the first checkpoint (without --checkpoint-every, the end of the run:
     all of its training lost), a checkpoint directory that cannot be written; and, without
     --resume, one holding a run's checkpoints, which this run would overwrite step by step."""
-    import tempfile
-
+    from spantrain._spec import require_writable_dir
     from spantrain.runtime.checkpoint import latest_checkpoint
 
     latest = None if resume else latest_checkpoint(path)
     if latest is not None:
         raise ExecutionError(f"--checkpoint-dir {path} already holds the checkpoints of a run (latest: {latest.name}): "
                              "add --resume to continue it, or pass another directory to start anew")
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise ExecutionError(f"--checkpoint-dir {path} cannot be written ({e.strerror or e}): pass a directory this "
-                             "run can write") from None
+    require_writable_dir(path, "--checkpoint-dir", ExecutionError)
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload):

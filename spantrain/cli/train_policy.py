@@ -71,15 +71,8 @@ def _check_dirs(config) -> None:
 def _check_ship(target) -> None:
     """--ship writes into the package (which may be installed read-only): a directory this
     user cannot write fails now, not after the whole training."""
-    import tempfile
-
+    from spantrain._spec import require_writable_dir
     from spantrain.errors import SpantrainError
 
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=target.parent):
-            pass
-    except OSError as e:
-        raise SpantrainError(f"--ship: the package's policy directory {target.parent} cannot be written "
-                             f"({e.strerror or e}): train without --ship, then copy best-policy.pt to {target} "
-                             "as a user who can") from None
+    require_writable_dir(target.parent, "--ship: the package's policy directory", SpantrainError,
+                         fix=f"train without --ship, then copy best-policy.pt to {target} as a user who can")
