@@ -115,6 +115,7 @@ class HeuristicStarts:
         jobs = [(k, str(self.cache_dir)) for k in missing]
         # closed on Ctrl-C too: a message after it then starts on a line of its own
         with tqdm(total=len(missing), desc="heuristic starts", unit="plan", disable=not progress) as bar:
+            workers = min(workers, len(missing))  # an idle process only costs memory
             if workers > 1:
                 # workers ignore Ctrl-C and the pool's exit terminates them: with a
                 # ProcessPoolExecutor, Ctrl-C killed a worker mid-queue and the parent hung waiting

@@ -9,11 +9,14 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED"]
+__all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED", "MAX_WORKERS"]
 
 ATTENTION_HEADS = 4
 """Attention heads of every encoder layer (`GraphPolicyNet`'s default), which split `hidden`."""
 MAX_SEED = 2**32 - 1
+MAX_WORKERS = 256
+"""Most processes for the heuristic starts: each holds its own Python, NumPy and cost
+model, so thousands would exhaust memory long before they helped."""
 """Largest seed (NumPy's legacy seeding, which SB3 uses, takes 32 bits)."""
 
 
@@ -81,10 +84,12 @@ class TrainConfig:
     eval_scenarios: int = 24
     """Held-out scenarios per evaluation."""
     out_dir: str = "runs/policy"
-    """Checkpoints, the final and the best policy file, summary.json, the evaluation plot and
-    the W&B run go here (a directory of this run's own)."""
+    """Checkpoints, the final and the best policy file, summary.json, the final evaluation's
+    rows (final_eval.csv), the evaluation plot and the W&B run go here (a directory of this
+    run's own)."""
     workers: int = 2
-    """Processes computing the heuristic starts of the pool."""
+    """Processes computing the heuristic starts of the pool (at most `MAX_WORKERS`; more than
+    this machine's cores gains nothing)."""
     track: bool = True
     """Log to W&B (offline unless logged in)."""
     progress: bool = True
@@ -117,6 +122,9 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if self.workers > MAX_WORKERS:
+            raise SpantrainError(f"TrainConfig.workers must be at most {MAX_WORKERS} (each is a process with its own "
+                                 f"cost model; more than this machine's cores gains nothing), got {self.workers}")
         # PPO normalizes advantages over each minibatch: one sample normalizes to NaN, and the
         # NaN weights then end the run with a torch traceback after imitation
         rollout = self.n_steps * self.n_envs

@@ -7,7 +7,9 @@ seeds training never draws) every `eval_every` steps, writes a policy file at ev
 evaluation and at the end, plus `best-policy.pt`: the one with the best held-out geomean
 (the final one on a tie; PPO fine-tuning can drift below the imitation it starts from),
 and tracks config, reward and evaluation curves, PPO's diagnostics and the final
-evaluation table in W&B (offline unless the user is logged in). Ctrl-C saves the
+evaluation table in W&B (offline unless the user is logged in), with every policy file as a
+version of the W&B model artifact `ppo-policy`; the final evaluation's rows also go to
+`final_eval.csv`. Ctrl-C saves the
 weights so far as `interrupted-policy.pt` (`TrainingInterrupted`); `init_policy`
 continues from such a file, or any policy file, instead of imitating.
 """
@@ -40,6 +42,15 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(message)
         self.path = path
 
+
+FINAL_EVAL_COLUMNS = ("profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio",
+                      "plan_s")
+"""Columns of the final evaluation's rows (`evaluate_policy`'s ``rows``): the scenario key,
+plan or adapt, the start's and the policy's predicted iteration seconds, their effective
+throughput ratio and the policy's planning seconds."""
+POLICY_ARTIFACT = "ppo-policy"
+"""The W&B artifact (type model) whose versions are a run's policy files, tagged
+``step-<N>``, ``final`` and ``best``."""
 
 EVAL_SEED_RANGE = (1_000_000, 2_000_000)
 """Cluster seeds of held-out evaluation scenarios (training draws from EnvConfig.seed_range)."""
@@ -214,6 +225,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
         path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point,
                            value=model.policy.value_net)
+        tracker.log_artifact(path, name=POLICY_ARTIFACT, type="model", aliases=[f"step-{steps}"], metadata=point)
         if not best or point["geomean_ratio"] > best["geomean_ratio"]:
             best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path))
 
@@ -299,8 +311,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
         best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
                                          meta={**meta, "selected_steps": best["steps"]},
                                          value=load_value_head(best["policy"])))
+        rows_path = _write_rows(out / "final_eval.csv", final["rows"])
         summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts,
-                   "curve": curve, "imitation": imitation, "final": meta["final_eval"], "wandb": wandb_run}
+                   "curve": curve, "imitation": imitation, "final": meta["final_eval"],
+                   "final_rows": str(rows_path), "wandb": wandb_run}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     except KeyboardInterrupt:
         # keep what was learned: the weights as they are, with how far the run got
@@ -316,9 +330,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
-        columns = ["profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio",
-                   "plan_s"]
-        tracker.log_table("eval/final", columns, final["rows"])
+        tracker.log_table("eval/final", list(FINAL_EVAL_COLUMNS), final["rows"])
+        tracker.log_artifact(policy_path, name=POLICY_ARTIFACT, type="model",
+                             aliases=["final", f"step-{model.num_timesteps}"], metadata=meta["final_eval"])
+        tracker.log_artifact(best["policy"], name=POLICY_ARTIFACT, type="model", aliases=["best"],
+                             metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]})
         plot = _plot_curve(curve, out / "sample_efficiency.png")
         if plot:
             tracker.log_image("eval/curve", plot)
@@ -329,6 +345,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
                                   f"{best['policy']}, the summary in {out / 'summary.json'}",
                                   Path(best["policy"])) from None
     return summary
+
+
+def _write_rows(path: Path, rows: list[list[Any]]) -> Path:
+    """The final evaluation's rows as CSV (written whether or not W&B tracks the run)."""
+    import csv
+    import io
+
+    from spantrain._spec import write_text_atomic
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(FINAL_EVAL_COLUMNS)
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue())
+    return path
 
 
 def _tracker_writer(tracker):

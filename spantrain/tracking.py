@@ -57,7 +57,7 @@ def _netrc_login() -> bool:
 
 
 class Tracker:
-    """A thin wrapper over one W&B run: config, scalar metrics, tables and images."""
+    """A thin wrapper over one W&B run: config, scalar metrics, tables, images and files."""
 
     def __init__(self, *, project: str = "spantrain", job_type: str, config: dict[str, Any] | None = None,
                  name: str | None = None, enabled: bool = True, dir: str | Path | None = None,
@@ -106,6 +106,21 @@ class Tracker:
             import wandb
 
             self.run.log({key: wandb.Image(str(path))})
+
+    def log_artifact(self, path: str | Path, *, name: str, type: str, aliases: list[str],
+                     metadata: dict[str, Any] | None = None) -> None:
+        """Version a file in W&B (a policy checkpoint, say) under `name`, tagged with `aliases`.
+
+        The file is referenced, not copied: wandb's default copies every file to a staging
+        area in the home directory (~/.local/share/wandb) until it is uploaded, which offline
+        is never unless the user syncs. So the file must stay where it is until the run is
+        uploaded (online: at the run's end; offline: `wandb sync`)."""
+        if self.run is not None and not getattr(self.run, "disabled", False):
+            import wandb
+
+            artifact = wandb.Artifact(name, type=type, metadata=metadata)
+            artifact.add_file(str(path), policy="immutable")
+            self.run.log_artifact(artifact, aliases=aliases)
 
     def summary(self, values: dict[str, Any]) -> None:
         if self.run is not None:

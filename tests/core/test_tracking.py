@@ -57,3 +57,22 @@ def test_a_wandb_login_entry_means_online(tmp_path, monkeypatch, machine, env):
     rc.write_text(f"machine {machine}\n  login user\n  password {'k' * 40}\n")
     rc.chmod(0o600)
     assert wandb_mode() == "online"
+
+
+@pytest.mark.parametrize("mode", ["offline", "disabled"])
+def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, monkeypatch, mode):
+    from spantrain.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", mode)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))  # where wandb stages copies by default
+    policy = tmp_path / "policy-96.pt"
+    policy.write_bytes(b"weights")
+    with Tracker(job_type="test", dir=tmp_path / "wandb") as tracker:
+        tracker.log_artifact(policy, name="ppo-policy", type="model", aliases=["step-96", "best"],
+                             metadata={"steps": 96})
+    assert not list((tmp_path / "data").rglob("*.pt"))
+    records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
+    if mode == "offline":  # the run's log holds the artifact: name, aliases and the file to upload
+        assert all(s in records for s in (b"ppo-policy", b"step-96", b"best", b"policy-96.pt"))
+    else:
+        assert records == b""

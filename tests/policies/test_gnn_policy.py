@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,6 +83,15 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
         real_log(self, metrics, step=step)
 
     monkeypatch.setattr(Tracker, "log", spy)
+    versions: list[tuple[str, list[str]]] = []
+    real_artifact = Tracker.log_artifact
+
+    def spy_artifact(self, path, *, name, type, aliases, metadata=None):
+        assert (name, type) == ("ppo-policy", "model") and Path(path).exists()
+        versions.append((Path(path).name, aliases))
+        real_artifact(self, path, name=name, type=type, aliases=aliases, metadata=metadata)
+
+    monkeypatch.setattr(Tracker, "log_artifact", spy_artifact)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -105,6 +115,10 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
+    # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
+    assert versions == [(f"policy-{s}.pt", [f"step-{s}"]) for s in (0, 48, 96)] + [
+        ("ppo-policy.pt", ["final", "step-96"]), ("best-policy.pt", ["best"])]
+    assert (tmp_path / "run" / "final_eval.csv").read_text().count("\n") == 1 + summary["final"]["cases"]
     # wandb is silenced, so training says where its run is: at the start, and in the summary
     run_dir = next((tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*"))
     assert summary["wandb"] == str(run_dir) and f"train-policy: W&B run {run_dir}\n" in capsys.readouterr().err
@@ -253,6 +267,11 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     assert len(lines) == 3 and lines[0].startswith("trained in ") and lines[1].startswith("held-out "), out
     assert lines[2].startswith("best held-out evaluation at step 0") and lines[2].endswith("(shipped)"), out
     assert "trained in" not in err and "held-out" not in err, err
+    # untracked, the final evaluation's cases are still kept: one row each, named in the summary
+    rows = tmp_path / "run" / "final_eval.csv"
+    assert lines[1].endswith(f" cases (each in {rows})")
+    header, *cases = rows.read_text().splitlines()
+    assert header.startswith("profile,devices,seed,model,") and f" of {len(cases)} cases " in lines[1]
     assert shipped.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
     ppo.load_policy(shipped)
 

@@ -81,3 +81,13 @@ def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_w
     assert 0 < len(written) < 200 and all(p.suffix == ".json" for p in written)  # no half-written file
     keys = [tuple(json.loads(p.read_text())["key"]) for p in written]  # every file whole
     assert HeuristicStarts(cache).prepare(keys, progress=False) == 0
+
+
+def test_no_more_processes_than_starts_to_compute(tmp_path, monkeypatch):
+    import multiprocessing
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("one missing start needs no process pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_pool)
+    assert HeuristicStarts(tmp_path).prepare([KEY], workers=8, progress=False) == 1

@@ -66,6 +66,7 @@ def test_an_init_policy_that_is_a_directory_is_named_so(run_cli, tmp_path):
     ("models", ("gpt2-medium", "tiny-custom.yaml"), "models: tiny-custom.yaml: training draws its workloads from "
                                                     "presets only (tiny-gpt, "),
     ("models", (), "models must name at least one preset"),
+    ("workers", 100_000, "workers must be at most 256 (each is a process with its own cost model"),
 ])
 def test_bad_value_is_named_with_the_value(field, value, needle):
     with pytest.raises(SpantrainError) as e:
@@ -88,6 +89,7 @@ def test_bad_value_is_named_with_the_value(field, value, needle):
                                           "one-step rollout are NaN), got 1 x 1"),
     (["--max-devices", "100000"], "--max-devices must be at most 4096 (the largest generated cluster), got 100000"),
     (["--min-devices", "40"], "--min-devices must be from 2 to --max-devices (32), got 40"),
+    (["--workers", "5000"], "--workers must be at most 256"),
     (["--models", ","], "--models must name at least one preset"),
     (["--models", "FILE"], "--models: FILE: training draws its workloads from presets only"),
     (["--timesteps", "0", "--imitation-episodes", "0"], "--timesteps and --imitation-episodes are both 0"),
@@ -209,5 +211,6 @@ def test_help_says_what_a_user_needs(run_cli):
     code, out, _ = run_cli("train-policy", "--help")
     text = " ".join(out.split())
     assert code == 0 and f"a multiple of {ATTENTION_HEADS}, its attention heads" in text  # not a constant's name
-    # what --out-dir holds (the evaluation table goes to W&B only)
-    assert "summary.json, the evaluation plot and the W&B run go here" in text and "evaluation table" not in text
+    # what --out-dir holds
+    assert "summary.json, the final evaluation's rows (final_eval.csv), the evaluation plot and the W&B run go " \
+           "here" in text
