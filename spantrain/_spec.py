@@ -7,6 +7,7 @@ to a list of problems, so a loader can report every problem of a file at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -59,6 +60,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     of it: a run following its cluster file (``run --adapt``) may read it at any moment, and
     Ctrl-C may come mid-write. Written beside it, then renamed over it."""
     path = Path(path)
+    if path.is_dir():  # `-o .`: no name to write beside (and nothing to replace)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)

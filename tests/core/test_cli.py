@@ -92,6 +92,16 @@ def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
     _one_line_error(code, out, err, f"{tmp_path}: Is a directory")
 
 
+@pytest.mark.parametrize("out", [".", "..", "/"])
+def test_output_path_naming_no_file_is_a_one_line_error(run_cli, tmp_path, monkeypatch, out):
+    # a path without a file name had no place to write its temporary file beside: a traceback
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    code, stdout, err = run_cli("topo", "generate", "--devices", "4", "-o", out)
+    _one_line_error(code, stdout, err, f"{out}: Is a directory")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["sub"]
+
+
 def test_non_utf8_inputs_are_one_line_errors(run_cli, tmp_path, demo_spec):
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfe\x00x")
