@@ -58,16 +58,32 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` to `path` so that a reader sees the old file or the new one, never half
     of it: a run following its cluster file (``run --adapt``) may read it at any moment, and
-    Ctrl-C may come mid-write. Written beside it, then renamed over it."""
+    Ctrl-C may come mid-write. Written beside it, then renamed over it.
+
+    What the path names is written, not replaced: a device or a pipe (``-o /dev/null``,
+    ``-o /dev/stdout``) gets the text written into it, since a rename would put a regular
+    file in place of the device (and needs write access to /dev); a symlink keeps pointing
+    at its target, and the target is the file renamed over."""
+    shown = str(path)
     path = Path(path)
     if path.is_dir():  # `-o .`: no name to write beside (and nothing to replace)
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
+    try:
+        if path.exists() and not path.is_file():
+            with open(path, "w") as f:
+                f.write(text)
+        else:
+            _replace_file(Path(os.path.realpath(path)), text)
+    except OSError as e:  # named by the file the user asked for, not the temporary one
+        raise type(e)(e.errno, e.strerror, shown) from None
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write a temporary file beside `path`, then rename it over `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
-    except OSError as e:  # named by the file the user asked for, not the temporary one
-        raise type(e)(e.errno, e.strerror, str(path)) from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)

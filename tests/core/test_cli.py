@@ -102,6 +102,31 @@ def test_output_path_naming_no_file_is_a_one_line_error(run_cli, tmp_path, monke
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["sub"]
 
 
+def test_output_into_a_pipe_or_symlink_writes_what_it_names(run_cli, tmp_path):
+    # -o renamed a new file over the path: a FIFO (as /dev/null, /dev/stdout) became a regular
+    # file, which for root running `-o /dev/null` replaced the device; a symlink lost its target
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        code, _, err = run_cli("topo", "generate", "--devices", "4", "-o", fifo)
+        assert code == 0, err
+        assert stat.S_ISFIFO(fifo.lstat().st_mode)
+        assert yaml.safe_load(os.read(reader, 1 << 16))["name"] == "cee-4-s0"
+    finally:
+        os.close(reader)
+    target, link = tmp_path / "real.yaml", tmp_path / "link.yaml"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    code, _, err = run_cli("topo", "generate", "--devices", "4", "-o", link)
+    assert code == 0, err
+    assert link.is_symlink() and yaml.safe_load(target.read_text())["name"] == "cee-4-s0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.yaml", "link.yaml", "real.yaml"]
+
+
 def test_non_utf8_inputs_are_one_line_errors(run_cli, tmp_path, demo_spec):
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfe\x00x")
