@@ -41,6 +41,15 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
+    try:
+        return _parse_text(p, text, error)
+    except RecursionError:  # both parsers recurse per level: [[[[...]]]] exhausts the stack
+        raise error(f"{p}: nested too deeply to read (spec, plan and workload files are a few levels "
+                    "deep; check the brackets)") from None
+
+
+def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
+    """JSON by suffix, YAML otherwise; a syntax error is `error` in one line."""
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)

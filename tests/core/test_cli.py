@@ -76,6 +76,15 @@ def test_missing_file_and_syntax_errors(run_cli, tmp_path):
     _one_line_error(code, out, err, "JSON syntax error")
 
 
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_file_nested_too_deeply_is_a_one_line_error(run_cli, tmp_path, suffix):
+    # both parsers recurse per level: a RecursionError traceback
+    deep = tmp_path / f"deep{suffix}"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    code, out, err = run_cli("topo", "show", deep)
+    _one_line_error(code, out, err, f"{deep}: nested too deeply to read")
+
+
 def test_bad_arguments(run_cli):
     code, out, err = run_cli("topo", "generate", "--devices", "1")
     _one_line_error(code, out, err, "from 2 to 4096")
