@@ -153,8 +153,20 @@ def _check_paths(args: argparse.Namespace) -> None:
     """Directories the run writes that exist as files: refused now, not by a worker mid-run."""
     for flag, path in (("--checkpoint-dir", args.checkpoint_dir), ("--run-dir", args.run_dir)):
         check_dir_option(flag, path)
+    if args.checkpoint_dir:
+        _check_not_one_checkpoint(Path(args.checkpoint_dir))
     if args.metrics and Path(args.metrics).is_dir():
         raise ExecutionError(f"--metrics {args.metrics} is a directory: pass a file path")
+
+
+def _check_not_one_checkpoint(path: Path) -> None:
+    """Refuse a --checkpoint-dir that is one checkpoint (the ``step-N`` directory a run prints as
+    "checkpoint: ..."): with --resume it holds no checkpoint to find, and without it the run would
+    write its own checkpoints inside that one."""
+    if (path / "train_state.json").is_file() or (path / "meta.json").is_file():
+        raise ExecutionError(f"--checkpoint-dir {path} is one checkpoint, not a checkpoint directory: pass the "
+                             f"directory that holds it, {path.resolve().parent} (--resume continues from its latest "
+                             "checkpoint)")
 
 
 def other_data_note(before: str | None, now: str | None) -> str | None:

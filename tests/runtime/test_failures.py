@@ -73,13 +73,18 @@ def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     # a new run there would overwrite that run's checkpoints
     (["--checkpoint-dir", "CKPT"], "--checkpoint-dir CKPT already holds the checkpoints of a run (latest: "
                                    "step-00000004): add --resume to continue it, or pass another directory"),
+    # the "checkpoint: DIR/step-N" a run prints, passed back: found nothing to resume, or got written into
+    (["--checkpoint-dir", "ONE", "--resume"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory: "
+                                              "pass the directory that holds it, CKPT (--resume continues"),
+    (["--checkpoint-dir", "ONE"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory"),
     # the plan trains 10 samples per iteration: a different --global-batch is refused, not ignored
     (["--global-batch", "8"], "--global-batch 8 but plan PLAN trains 10 samples per iteration (pass --global-batch "
                               "10, or leave it out)"),
 ])
 def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, extra, expected):
     places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json",
-              "NESTED": tmp_path / "a-file" / "ckpt", "CKPT": tmp_path / "ckpt"}
+              "NESTED": tmp_path / "a-file" / "ckpt", "CKPT": tmp_path / "ckpt",
+              "ONE": tmp_path / "ckpt" / "step-00000004"}
     places["FILE"].write_text("x")
     places["DIR"].mkdir()
     (places["CKPT"] / "step-00000004").mkdir(parents=True)
