@@ -30,12 +30,15 @@ if TYPE_CHECKING:
     from spantrain.cluster import Cluster
     from spantrain.workload import Workload
 
-__all__ = ["SCHEDULES", "SYNC_MODES", "Stage", "Pipeline", "Sync", "Plan"]
+__all__ = ["SCHEDULES", "SYNC_MODES", "MAX_SYNC_PERIOD", "Stage", "Pipeline", "Sync", "Plan"]
 
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 """Pipeline schedules: GPipe, 1F1B, and the zero-bubble ZB-H1 / ZB-H2 (Qi et al. 2023)."""
 SYNC_MODES = ("allreduce", "hierarchical", "local-sgd")
 """Data-parallel sync: flat ring, region-first hierarchical, or periodic parameter averaging."""
+MAX_SYNC_PERIOD = 10**6
+"""Most iterations between local-SGD averages: beyond any run's length, and within the 64-bit
+integers the cost model's compiled kernel takes (a larger one failed inside it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +144,8 @@ class Plan:
             out.append(f"sync mode {self.sync.mode!r} is unknown (choose from {', '.join(SYNC_MODES)})")
         if not _pos_int(self.sync.period):
             out.append(f"sync period must be a positive integer, {got(self.sync.period)}")
+        elif too_long := _period_too_long(self.sync.period):
+            out.append(too_long)
         elif self.sync.period != 1 and self.sync.mode != "local-sgd":
             out.append(f"sync period {self.sync.period} needs mode local-sgd (allreduce and hierarchical sync "
                        "every iteration)")
@@ -234,6 +239,9 @@ class Plan:
             sync = Sync(mode=raw_sync.get("mode", "allreduce"), period=raw_sync.get("period", 1))
         else:
             problems.append(f"{source}: sync must be an object with mode and period")
+        # named here too, as a file is read: the cost model's fast path takes any positive int
+        if _pos_int(sync.period) and (too_long := _period_too_long(sync.period)):
+            problems.append(f"{source}: {too_long}")
         pipelines = []
         raw_pipes = obj.get("pipelines", [])
         if not isinstance(raw_pipes, list):
@@ -296,3 +304,10 @@ class Plan:
 
 def _pos_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _period_too_long(period: int) -> str | None:
+    """The problem with a positive sync period beyond `MAX_SYNC_PERIOD`, if it is."""
+    if period > MAX_SYNC_PERIOD:
+        return f"sync period must be at most {MAX_SYNC_PERIOD} iterations, got {period}"
+    return None

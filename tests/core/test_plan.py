@@ -114,3 +114,17 @@ def test_a_batch_beyond_the_limit_is_named_before_the_cost_model_allocates_for_i
         CostModel(cluster, W).flatten(plan)
     with pytest.raises(WorkloadError, match="at most 65536 samples"):
         W.with_global_batch(MAX_GLOBAL_BATCH + 1)
+
+
+def test_a_sync_period_beyond_the_limit_is_named_before_the_cost_model_runs(tmp_path):
+    # 10**23 passed every check and failed inside the compiled kernel (64-bit integers): a traceback
+    from spantrain.plan import MAX_SYNC_PERIOD
+
+    path = tmp_path / "p.json"
+    plan = _plan(sync=Sync(mode="local-sgd", period=10**23))
+    path.write_text(plan.to_json())
+    with pytest.raises(PlanError) as err:
+        Plan.from_file(path)
+    assert str(err.value) == f"{path}: sync period must be at most {MAX_SYNC_PERIOD} iterations, got {10**23}"
+    assert plan.problems(workload=W) == [f"sync period must be at most {MAX_SYNC_PERIOD} iterations, got {10**23}"]
+    assert _plan(sync=Sync(mode="local-sgd", period=MAX_SYNC_PERIOD)).problems(workload=W) == []
