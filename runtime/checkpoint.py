@@ -31,8 +31,8 @@ from typing import Any
 
 from spantrain.errors import ExecutionError
 
-__all__ = ["FORMAT", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta", "Checkpointer",
-           "read_tensors"]
+__all__ = ["FORMAT", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta", "restore_rng",
+           "Checkpointer", "read_tensors"]
 
 FORMAT = 1
 _LATEST = "latest"
@@ -98,9 +98,29 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
                              f"architecture than {workload.name!r}")
     state = read_json(path / "train_state.json")
     for key, kind in (("step", int), ("samples_seen", int), ("seed", int), ("rng_state", str)):
-        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+        value = state.get(key)
+        # counters below zero: the workers would fail on them with a bare numpy or torch error
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid {key!r}; {damaged(path)}")
     return state
+
+
+def restore_rng(path: Path, state: dict[str, Any]) -> None:
+    """Set torch's RNG from checkpoint `path`'s train state, or one clear line why not: a worker
+    failing on it with torch's own error was reported with "continue with --resume", from the
+    checkpoint that had just failed."""
+    import base64
+    import binascii
+
+    import torch
+
+    try:
+        raw = base64.b64decode(state["rng_state"], validate=True)
+        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    except (binascii.Error, ValueError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid 'rng_state' ({reason}); "
+                             f"{damaged(path)}") from None
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

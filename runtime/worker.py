@@ -35,7 +35,7 @@ import torch.distributed.pipelining
 from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.runtime import zb_order
-from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta
+from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta, restore_rng
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.data import SampleStream, batch_slices, load_tokens
 from spantrain.runtime.entry import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, error_file
@@ -111,7 +111,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             ensure_state(optimizer)
             Checkpointer.load(path, _checkpoint_tensors(module, optimizer))
             step, samples_seen, seed = int(state["step"]), int(state["samples_seen"]), int(state["seed"])
-            torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["rng_state"])), dtype=torch.uint8))
+            restore_rng(path, state)
             resumed_from = str(path)
 
         stream = None

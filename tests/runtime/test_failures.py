@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from runtime_helpers import ASYMMETRIC, plan, spantrain, spantrain_here, write_inputs
+from runtime_helpers import ASYMMETRIC, plan, run_plan, spantrain, spantrain_here, write_inputs
 
 from spantrain.runtime.launcher import workers_file
 
@@ -96,6 +96,19 @@ def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, ex
         expected = expected.replace(name, str(path))
     assert line.startswith(f"spantrain run: error: {expected}"), line
     assert not (tmp_path / "run").exists()  # nothing was launched
+
+
+def test_a_checkpoint_with_a_damaged_rng_state_is_named_with_what_to_do(tmp_path):
+    """Not torch's "Expected a CPUGeneratorImplState of size ..." with "continue with --resume" from it."""
+    one = plan("gpipe", "allreduce", [(5, 2, [("a-0", 0, 6)])])
+    run_plan(tmp_path, "first", one, 1)
+    state_file = tmp_path / "first.ckpt" / "step-00000001" / "train_state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "rng_state": "AAAA"}))
+    line = _one_error_line(*spantrain_here(*_run_args(tmp_path, one, "--steps", "2", "--resume", "--checkpoint-dir",
+                                                      str(tmp_path / "first.ckpt"), "--run-dir",
+                                                      str(tmp_path / "second"))))
+    assert f"checkpoint file {state_file} has no valid 'rng_state'" in line
+    assert f"delete {tmp_path / 'first.ckpt'} to start over" in line and "continue with --resume" not in line
 
 
 def test_unknown_planner_is_a_clean_error(tmp_path):
