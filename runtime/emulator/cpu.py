@@ -42,8 +42,8 @@ _MAX_PERIOD_US = 1_000_000
 
 def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
     """Cores for each device: proportional to its TFLOP/s, summing to `cores`."""
-    if cores <= 0:
-        raise EmulationError(f"--cpus must be positive, got {cores:g}")
+    if not (math.isfinite(cores) and cores > 0):  # nan passes `<= 0` and breaks the cgroup arithmetic
+        raise EmulationError(f"--cpus must be a finite number > 0, got {cores:g}")
     total = float(sum(tflops))
     return [float(cores * t / total) for t in tflops]
 

@@ -40,6 +40,7 @@ Rates, as emulated:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,8 +68,8 @@ class RateLimits:
     max_gbps: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (self.scale > 0 and self.max_gbps > 0):
-            raise EmulationError(f"bandwidth scale and cap must be positive (got {self.scale:g}, "
+        if not all(math.isfinite(x) and x > 0 for x in (self.scale, self.max_gbps)):  # inf overflows tc's rates
+            raise EmulationError(f"bandwidth scale and cap must be finite and positive (got {self.scale:g}, "
                                  f"{self.max_gbps:g})")
 
     def emulate(self, spec_gbps: float) -> float:

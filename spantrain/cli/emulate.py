@@ -6,6 +6,7 @@ the first device that failed (128 + signal when it was killed), 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 
@@ -43,9 +44,15 @@ def _scale(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise EmulationError(f"--bandwidth-scale must be a positive number or 'fit', got {text!r}") from None
-    if not value > 0:
-        raise EmulationError(f"--bandwidth-scale must be positive, got {text}")
+    _check_positive("--bandwidth-scale", value)
     return value
+
+
+def _check_positive(flag: str, value: float | None) -> None:
+    """argparse's float() takes 'nan' and 'inf': neither is a core count, a rate or a time
+    (nan slipped past `<= 0` checks, inf overflowed the shaper's integer arithmetic)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise EmulationError(f"{flag} must be a finite number > 0, got {value:g}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -64,10 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         raise EmulationError("no command: give it after --, e.g. spantrain emulate -c C.yaml -- python train.py")
     if shutil.which(command[0]) is None:
         raise EmulationError(f"command not found: {command[0]}")
-    if args.max_gbps <= 0:
-        raise EmulationError(f"--max-gbps must be positive, got {args.max_gbps:g}")
-    if args.timeout is not None and args.timeout <= 0:
-        raise EmulationError(f"--timeout must be positive, got {args.timeout:g}")
+    for flag, value in (("--cpus", args.cpus), ("--max-gbps", args.max_gbps), ("--timeout", args.timeout)):
+        _check_positive(flag, value)
     with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode, bandwidth_scale=_scale(args.bandwidth_scale),
                          max_gbps=args.max_gbps, cpu_limits=not args.no_cpu_limits) as emu:
         if not args.quiet:

@@ -210,3 +210,17 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
         code, out, err = run_cli("emulate", *args)
         assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, (args, err)
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--cpus", "--max-gbps", "--bandwidth-scale", "--timeout"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_non_finite_numbers_are_one_line_errors(run_cli, tmp_path, monkeypatch, flag, value):
+    # argparse's float() takes both; nan passed `<= 0` checks and inf overflowed tc's integer rates
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))
+    code, out, err = run_cli("emulate", "-c", spec, "--mode", "local", flag, value, "--", "true")
+    assert code == 2 and out == "" and err.strip().splitlines() == [
+        f"spantrain emulate: error: {flag} must be a finite number > 0, got {value}"], err
+    with pytest.raises(EmulationError, match="finite"):
+        EmulatedCluster(Cluster.from_spec(SPEC), cpus=float(value))  # `profile --cluster C --cpus nan`
