@@ -143,6 +143,9 @@ class Workload:
     def __post_init__(self) -> None:
         if not self.layers:
             raise WorkloadError(f"workload {self.name!r}: needs at least one layer")
+        if self.train_flops <= 0:  # every plan would take 0 s: planners divide by a stage's time
+            raise WorkloadError(f"workload {self.name!r}: every layer has 0 FLOPs, so there is no work to plan "
+                                "(give the layers their forward_flops)")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
             raise WorkloadError(f"workload {self.name!r}: global_batch must be a positive integer, "
                                 f"got {self.global_batch!r}")

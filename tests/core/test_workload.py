@@ -93,6 +93,9 @@ def test_yaml_forms(tmp_path):
      "activation_bytes: 1}]\n", "8000 layers, at most 4096 are supported"),
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1000000000, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "architecture.n_layers must be at most 4094"),
+    # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 0, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "workload 'w': every layer has 0 FLOPs, so there is no work to plan"),
 ])
 def test_bad_workload_files(tmp_path, text, message):
     p = tmp_path / "w.yaml"
