@@ -25,6 +25,8 @@ from pathlib import Path
 from spantrain.cli._common import print_json
 from spantrain.errors import ExecutionError, WorkloadError
 
+MAX_BUDGET_S = 86400.0
+"""A day: longer is a typo, and beyond ~2e13 s the rendezvous timeout (4 x budget) overflows."""
 _RESULT_ARG = "--result-file"
 _DEADLINE_ARG = "--deadline"
 
@@ -54,8 +56,10 @@ def _log(msg: str) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.budget_s <= 0:
-        raise WorkloadError(f"--budget-s must be positive, got {args.budget_s:g}")
+    # `not 0 < x <= max` also refuses nan, which every comparison passes over (and inf, a profile
+    # that never ends: its compute phase is a share of the budget)
+    if not 0 < args.budget_s <= MAX_BUDGET_S:
+        raise WorkloadError(f"--budget-s must be a number of seconds in (0, {MAX_BUDGET_S:g}], got {args.budget_s:g}")
     if args.micro_batch is not None and args.micro_batch <= 0:
         raise WorkloadError(f"--micro-batch must be a positive integer, got {args.micro_batch}")
     if args.cpus is not None and not args.cluster:

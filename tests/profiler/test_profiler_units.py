@@ -128,7 +128,9 @@ def test_single_device_profile_without_a_launcher(tmp_path):
 
 
 def test_cli_input_errors_are_one_line(run_cli):
-    for args, needle in [(("--budget-s", "0"), "--budget-s must be positive"),
+    for args, needle in [(("--budget-s", "nan"), "--budget-s must be a number of seconds in (0, 86400], got nan"),
+                         (("--budget-s", "inf"), "--budget-s must be a number of seconds in (0, 86400], got inf"),
+                         (("--budget-s", "0"), "--budget-s must be a number of seconds in (0, 86400], got 0"),
                          (("--model", "nosuch"), "unknown model"),
                          (("--cpus", "2"), "--cpus only applies with --cluster"),
                          (("--micro-batch", "-1"), "--micro-batch")]:
