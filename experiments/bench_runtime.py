@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,37 @@ def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, see
     return json.loads(out.getvalue())
 
 
+def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]]]:
+    """(model argument for `spantrain run`, workload, plan of each configuration), every flag checked
+    first (`SpantrainError`): a bad one failed with a traceback, or with exit code 1 only after the
+    first round's single-process training."""
+    from spantrain.cluster import Cluster
+    from spantrain.errors import SpantrainError
+    from spantrain.plan import Plan
+    from spantrain.policies.train_config import MAX_SEED
+    from spantrain.runtime.preflight import check_run
+    from spantrain.workload import load_workload
+
+    for flag, value, least in (("--steps", args.steps, 3), ("--repeats", args.repeats, 1),
+                               ("--micro-batches", args.micro_batches, 1), ("--threads", args.threads, 1)):
+        if value < least:  # --steps: the first iterations are warm-up
+            raise SpantrainError(f"{flag} must be at least {least}, got {value}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SpantrainError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
+    workload = load_workload(model)
+    batch, n = workload.global_batch, workload.num_layers
+    if batch % args.micro_batches:
+        raise SpantrainError(f"--micro-batches must divide the model's batch ({batch}), got {args.micro_batches}")
+    configs = {"1x1": bench_plan(1, batch, 1, "gpipe", n),
+               "1x1-mb": bench_plan(1, batch, args.micro_batches, "gpipe", n),
+               "1x2": bench_plan(2, batch, args.micro_batches, args.schedule, n)}
+    cluster = Cluster.from_spec(bench_cluster(), "cluster")
+    for plan in configs.values():  # an unknown --schedule, a model the runtime cannot build
+        check_run(cluster, workload, Plan.from_dict(plan), data=None)
+    return model, workload, configs
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the three configurations round-robin and print their step times."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,27 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--track", action=argparse.BooleanOptionalAction, default=True,
                     help="log to W&B (offline unless logged in)")
     args = ap.parse_args(argv)
-    if args.steps < 3:
-        ap.error("--steps must be at least 3 (the first iterations are warm-up)")
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
+    from spantrain.errors import SpantrainError
+
+    try:
+        model, workload, configs = _setup(args)
+    except SpantrainError as e:
+        print(f"bench_runtime: error: {e}", file=sys.stderr)
+        return 2
 
     from spantrain.runtime.metrics import warmup_steps
     from spantrain.runtime.preflight import cpu_cores
     from spantrain.runtime.reference import train_reference
     from spantrain.tracking import Tracker
-    from spantrain.workload import load_workload
 
-    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
-    workload = load_workload(model)
     batch = workload.global_batch
-    if batch % args.micro_batches:
-        ap.error(f"--micro-batches must divide the batch ({batch})")
     skip = warmup_steps(args.steps)
-    n = workload.num_layers
-    configs = {"1x1": bench_plan(1, batch, 1, "gpipe", n),
-               "1x1-mb": bench_plan(1, batch, args.micro_batches, "gpipe", n),
-               "1x2": bench_plan(2, batch, args.micro_batches, args.schedule, n)}
     samples: dict[str, list[float]] = {"single": [], **{k: [] for k in configs}}
     cpu: dict[str, list[float]] = {k: [] for k in samples}
     first_loss: dict[str, float] = {}

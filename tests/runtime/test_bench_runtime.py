@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from runtime_helpers import MODEL
@@ -31,3 +34,30 @@ def test_bench_runtime_reports_every_configuration(tmp_path):
     for name in ("1x1-mb", "1x2"):
         assert rows[name]["loss_first"] == pytest.approx(rows["single"]["loss_first"], rel=1e-5)
     assert all(r["cpu_s"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--micro-batches", "0"], "--micro-batches must be at least 1, got 0"),  # was a ZeroDivisionError traceback
+    (["--micro-batches", "3"], "--micro-batches must divide the model's batch (10), got 3"),
+    (["--steps", "2"], "--steps must be at least 3, got 2"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 4294967295, got -1"),  # numpy's traceback
+    (["--threads", "0"], "--threads must be at least 1, got 0"),  # exit 1, after the first training
+    (["--schedule", "bogus"], "schedule 'bogus' is unknown"),  # the same
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),  # a WorkloadError traceback
+])
+def test_bad_flags_are_one_line_before_any_work(tmp_path, extra, expected):
+    from spantrain.experiments.bench_runtime import main
+
+    (tmp_path / "model.json").write_text(json.dumps(MODEL))
+    args = ["--json", "--no-track", "--model", str(tmp_path / "model.json"), "--micro-batches", "2", *extra]
+    with mock.patch("spantrain.runtime.reference.train_reference", side_effect=AssertionError("trained")):
+        code, out, err = _main(main, args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"bench_runtime: error: {expected}"), err
+
+
+def _main(main, args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
