@@ -139,6 +139,18 @@ def test_cli_input_errors_are_one_line(run_cli):
         assert len(err.strip().splitlines()) == 1
 
 
+def test_an_output_path_that_cannot_be_written_is_refused_before_profiling(run_cli, tmp_path):
+    (tmp_path / "file").write_text("")
+    for output, needle in [(tmp_path / "file" / "p.yaml", "cannot be written (Not a directory)"),
+                           (tmp_path / "missing" / "p.yaml", "cannot be written (No such file or directory)"),
+                           (tmp_path, "is a directory")]:
+        code, out, err = run_cli("profile", "--budget-s", "3", "-o", output)
+        # one line, and no measurement before it (the whole budget was spent before the write failed)
+        lines = err.strip().splitlines()
+        assert code == 2 and out == "" and len(lines) == 1, err
+        assert lines[0].startswith(f"spantrain profile: error: -o {output} {needle}"), err
+
+
 def test_a_workload_without_architecture_is_refused_in_one_line(run_cli, tmp_path):
     w = tmp_path / "layers.yaml"
     w.write_text("name: flat\nglobal_batch: 8\nseq_len: 16\nlayers:\n  - {name: l, count: 2, "
