@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "not_yet", "check_dir_option"]
+           "stdout_console", "not_yet", "check_dir_option"]
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
@@ -64,6 +64,14 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=None, default=_default) + "\n")
+
+
+def stdout_console():
+    """A rich Console for a command's tables on stdout. Piped or redirected, rows stay whole at
+    120 columns: rich would lay them out for 80 and cut figures short ("41947.…", "A100-8…")."""
+    from rich.console import Console
+
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
 
 
 def _default(o: Any) -> Any:

@@ -12,9 +12,16 @@ that take them; one that no planner compared takes is an error, as with `spantra
 from __future__ import annotations
 
 import argparse
-import sys
 
-from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._common import (
+    add_cluster_arg,
+    add_json_arg,
+    add_model_args,
+    load_cluster,
+    load_model,
+    print_json,
+    stdout_console,
+)
 from spantrain.cli.plan import add_planner_option_args, check_policy, planner_options, unused_options
 
 __all__ = ["register", "run"]
@@ -67,10 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_human(cluster, workload, rows) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    con = stdout_console()
     t = Table(title=f"{workload.name} on {cluster.name} ({len(cluster)} devices), global batch {workload.global_batch}",
               title_justify="left")
     for col in ("planner", "samples/s", "iteration s", "vs ddp", "feasible", "plan s"):

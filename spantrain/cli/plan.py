@@ -22,7 +22,15 @@ import sys
 import time
 from typing import Any
 
-from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._common import (
+    add_cluster_arg,
+    add_json_arg,
+    add_model_args,
+    load_cluster,
+    load_model,
+    print_json,
+    stdout_console,
+)
 from spantrain.cli._dataclass_args import flag
 
 __all__ = ["register", "run", "planner_options", "requested_options", "unused_options", "check_policy",
@@ -181,10 +189,9 @@ def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any])
 
 
 def _print_adaptation(a, output: str | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    con = stdout_console()
     t = Table(title_justify="left", title=f"adapting the running plan: {a.remaining_steps} iterations to go")
     for col in ("option", "s/iter", "migration s", "total s", ""):
         t.add_column(col, justify="left" if col in ("option", "") else "right")
@@ -204,11 +211,9 @@ def _print_adaptation(a, output: str | None) -> None:
 
 
 def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, output) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    # piped output keeps whole rows (rich would wrap at 80 columns)
-    con = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    con = stdout_console()
     con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({len(cluster)} devices, "
               f"{len(plan.devices)} used), found in {plan_s:.2f} s"
               + (f" (+ {load_s:.1f} s loading the policy)" if load_s >= 0.05 else ""))

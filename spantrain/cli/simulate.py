@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from spantrain.cli._common import add_cluster_arg, add_json_arg, add_model_args, load_cluster, load_model, print_json
+from spantrain.cli._common import (
+    add_cluster_arg,
+    add_json_arg,
+    add_model_args,
+    load_cluster,
+    load_model,
+    print_json,
+    stdout_console,
+)
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
 
@@ -79,10 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_human(est, plan, workload, pipes, timeline) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout)
+    con = stdout_console()
     for p, pipe in enumerate(pipes):
         t = Table(title=f"pipeline {p}: micro-batch {pipe['micro_batch_size']} x {pipe['num_micro_batches']}, "
                         f"{est.pipeline_period_s[p]:.3f} s/iteration, bubble {est.bubble_fraction[p]:.1%}",

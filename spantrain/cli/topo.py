@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spantrain.cli._common import add_json_arg, load_cluster, print_json
+from spantrain.cli._common import add_json_arg, load_cluster, print_json, stdout_console
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
 
@@ -58,9 +58,7 @@ def _show(args: argparse.Namespace) -> int:
         print_json({"name": cluster.name, "devices": len(cluster), "regions": region_summary(cluster),
                     "links": region_links(cluster), "plot": args.plot})
         return 0
-    from rich.console import Console
-
-    console = Console()
+    console = stdout_console()
     for t in tables(cluster):
         console.print(t)
     if args.plot:

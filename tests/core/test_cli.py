@@ -36,6 +36,14 @@ def test_topo_generate_and_show(run_cli, tmp_path):
     assert code == 0 and data["devices"] == 12 and sum(r["devices"] for r in data["regions"]) == 12
 
 
+def test_piped_topo_show_keeps_names_and_figures_whole(run_cli, monkeypatch):
+    # piped, rich laid the tables out for 80 columns and cut GPU names short ("A100-8…")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _ = run_cli("topo", "show", ROOT / "examples" / "geo-24.yaml")
+    assert code == 0 and "…" not in out
+    assert "A100-80GB" in out
+
+
 def test_topo_generate_to_stdout_is_a_spec(run_cli):
     code, out, _ = run_cli("topo", "generate", "--devices", "5", "--profile", "geo")
     assert code == 0 and len(yaml.safe_load(out)["devices"]) >= 2

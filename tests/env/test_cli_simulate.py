@@ -82,3 +82,19 @@ def test_bad_timeline_paths_are_refused_before_any_work(files, run_cli):
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert needle in err, err
     assert sorted(p.name for p in tmp.iterdir()) == ["cluster.json", "plan.json"]
+
+
+def test_piped_table_keeps_every_figure_whole(files, run_cli, monkeypatch):
+    # piped, rich laid the table out for 80 columns and cut long figures short ("41947.…")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    cluster, _, tmp = files
+    plan = tmp / "slow.json"
+    plan.write_text(json.dumps({"pipelines": [{"micro_batch_size": 8, "num_micro_batches": 8, "stages": [
+        {"devices": ["end-0"], "layers": [0, 34]}]}]}))
+    args = ("simulate", "-c", cluster, "-m", "llama2-7b", "-p", plan, "--global-batch", "64")
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    stage = json.loads(run_cli(*args, "--json")[1])["pipelines"][0]["stages"][0]
+    assert "…" not in out
+    for key in ("f_ms", "b_ms", "w_ms"):
+        assert f"{stage[key]:.2f}" in out
