@@ -10,7 +10,7 @@ import math
 import shutil
 import sys
 
-from spantrain.cli._common import add_cluster_arg
+from spantrain.cli._common import add_cluster_arg, check_dir_option
 from spantrain.errors import EmulationError
 
 
@@ -73,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         raise EmulationError(f"command not found: {command[0]}")
     for flag, value in (("--cpus", args.cpus), ("--max-gbps", args.max_gbps), ("--timeout", args.timeout)):
         _check_positive(flag, value)
+    # made now: a --log-dir under a file failed only after the namespaces were up, below their lines
+    check_dir_option("--log-dir", args.log_dir, create=True)
     with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode, bandwidth_scale=_scale(args.bandwidth_scale),
                          max_gbps=args.max_gbps, cpu_limits=not args.no_cpu_limits) as emu:
         if not args.quiet:

@@ -206,7 +206,11 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
                          (("-c", spec), "no command"),
                          (("-c", spec, "--bandwidth-scale", "x", "--", "true"), "--bandwidth-scale"),
                          (("-c", tmp_path / "none.yaml", "--", "true"), "file not found"),
-                         (("-c", spec, "--mode", "local", "--", "no-such-command-xyz"), "command not found")]:
+                         (("-c", spec, "--mode", "local", "--", "no-such-command-xyz"), "command not found"),
+                         (("-c", spec, "--mode", "local", "--log-dir", spec / "logs", "--", "true"),
+                          f"--log-dir {spec / 'logs'}: Not a directory"),
+                         (("-c", spec, "--mode", "local", "--log-dir", spec, "--", "true"),
+                          f"--log-dir {spec} is a file, not a directory")]:
         code, out, err = run_cli("emulate", *args)
         assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, (args, err)
         assert "Traceback" not in err
