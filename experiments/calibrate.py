@@ -311,23 +311,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated calibration constants to fit to the measurements (starting from "
                          "--calibration); prints them with a leave-one-cluster-out check, and reports with them")
     args = ap.parse_args(argv)
+    from spantrain.errors import SpantrainError
 
-    from spantrain.env.calibration import Calibration
+    try:
+        calibration, measured, suite = _inputs(args)
+    except SpantrainError as e:
+        print(f"calibrate: error: {e}", file=sys.stderr)
+        return 2
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
-    calibration = Calibration.from_file(args.calibration)
     stem = "calibration-quick" if args.quick else "calibration"
-    args.out.mkdir(parents=True, exist_ok=True)
     command = "python experiments/calibrate.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.measurements:
-        measured = json.loads(args.measurements.read_text())["measurements"]
-    else:
+    if measured is None:
         from spantrain.runtime.emulator import netns
 
         reason = netns.unavailable_reason()
         if reason is not None:
             raise SystemExit(f"calibrate: needs the emulator's network namespaces ({reason})")
-        suite = load_suite(args.suite, args.quick)
         if args.repeats or args.steps:
             suite = Suite(**{**suite.__dict__, "repeats": args.repeats or suite.repeats,
                              "steps": args.steps or suite.steps})
@@ -357,17 +357,70 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _fit(measured: dict[str, Any], calibration, names_arg: str, log) -> tuple[Any, dict[str, Any]]:
-    """Fit the named constants; the fitted calibration and what to report about the fit."""
+def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite | None]:
+    """(calibration, stored measurements or None, suite to measure or None), every flag checked
+    before any work (`SpantrainError`): a bad --measurements or --out was a traceback, a bad --fit
+    name ended the run only after the whole measurement, and --repeats 0 ran the suite's count."""
+    from spantrain.cli._common import check_dir_option
+    from spantrain.env.calibration import Calibration
+    from spantrain.errors import SpantrainError
+
+    for flag, value in (("--repeats", args.repeats), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise SpantrainError(f"{flag} must be at least 1, got {value}")
+    calibration = Calibration.from_file(args.calibration)
+    if args.fit:
+        _fit_names(calibration, args.fit)
+    check_dir_option("--out", args.out, create=True)
+    if args.measurements:
+        return calibration, _load_measurements(args.measurements), None
+    import yaml
+
+    try:
+        return calibration, None, load_suite(args.suite, args.quick)
+    except (OSError, yaml.YAMLError, ValueError, LookupError, TypeError, AttributeError, StopIteration) as e:
+        if isinstance(e, OSError):
+            raise SpantrainError(f"--suite {args.suite}: {e.strerror or e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # yaml's messages run over lines
+        raise SpantrainError(f"--suite {args.suite}: not a calibration suite ({type(e).__name__}: {first})") from None
+
+
+def _load_measurements(path: Path) -> dict[str, Any]:
+    """The measurements stored in a previous run's JSON (--measurements), or `SpantrainError`."""
+    from spantrain.errors import SpantrainError
+
+    try:
+        measured = json.loads(path.read_text())["measurements"]
+    except OSError as e:
+        raise SpantrainError(f"--measurements {path}: {e.strerror or e}") from None
+    except (ValueError, LookupError, TypeError) as e:
+        raise SpantrainError(f"--measurements {path}: not a calibration JSON with measurements "
+                             f"({type(e).__name__}: {e}); pass a calibration.json this script wrote") from None
+    if not isinstance(measured, dict):
+        raise SpantrainError(f"--measurements {path}: not a calibration JSON with measurements; pass a "
+                             "calibration.json this script wrote")
+    return measured
+
+
+def _fit_names(calibration, names_arg: str) -> list[str]:
+    """--fit's constants, or `SpantrainError` naming those that are not numeric calibration constants."""
     import dataclasses
 
-    from spantrain.experiments.calibrate_fit import cross_validate, fit
+    from spantrain.errors import SpantrainError
 
     known = {f.name for f in dataclasses.fields(calibration)}
     names = [n.strip() for n in names_arg.split(",") if n.strip()]
     bad = [n for n in names if n not in known or not isinstance(getattr(calibration, n), float)]
     if bad or not names:
-        raise SystemExit(f"calibrate: --fit takes numeric calibration constants, not {', '.join(bad) or 'nothing'}")
+        raise SpantrainError(f"--fit takes numeric calibration constants, not {', '.join(bad) or 'nothing'}")
+    return names
+
+
+def _fit(measured: dict[str, Any], calibration, names_arg: str, log) -> tuple[Any, dict[str, Any]]:
+    """Fit the named constants; the fitted calibration and what to report about the fit."""
+    from spantrain.experiments.calibrate_fit import cross_validate, fit
+
+    names = _fit_names(calibration, names_arg)
     cal, mape = fit(measured, calibration, names, evaluate)
     folds = cross_validate(measured, calibration, names, evaluate) if len(measured["clusters"]) > 1 else []
     values = {n: getattr(cal, n) for n in names}
@@ -402,5 +455,6 @@ if __name__ == "__main__":
 
     try:
         sys.exit(main())
-    except SpantrainError as e:  # a bad suite, calibration or measurement file: one line, no traceback
-        sys.exit(f"calibrate: {e}")
+    except SpantrainError as e:  # one line, no traceback, and the exit code of bad input
+        print(f"calibrate: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -94,6 +94,29 @@ def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
     assert json.loads((tmp_path / "calibration.json").read_text())["mape"] == pytest.approx(report["mape"])
 
 
+@pytest.mark.parametrize("extra, expected", [
+    (["--measurements", "MISSING"], "--measurements MISSING: No such file or directory"),  # tracebacks, before
+    (["--measurements", "TMP"], "--measurements TMP: Is a directory"),
+    (["--measurements", "OTHER"], "--measurements OTHER: not a calibration JSON with measurements (KeyError"),
+    (["--measurements", "STORED", "--out", "OTHER"], "--out OTHER is a file, not a directory"),
+    # found after the whole measurement (about 50 min), with exit code 1
+    (["--fit", "no_such_constant"], "--fit takes numeric calibration constants, not no_such_constant"),
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),  # ran the suite's repeats instead
+    (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (KeyError: 'clusters')"),
+])
+def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, extra, expected):
+    places = {"MISSING": tmp_path / "missing.json", "TMP": tmp_path, "OTHER": tmp_path / "other.json",
+              "STORED": _stored_measurements(tmp_path)}
+    places["OTHER"].write_text("{}")
+    monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured"))
+    args = [str(places.get(x, x)) for x in extra]
+    assert calibrate.main([*args, "--json", "--no-track", *([] if "--out" in args else ["--out", str(tmp_path)])]) == 2
+    out, err = capsys.readouterr()
+    for name, path in places.items():
+        expected = expected.replace(name, str(path))
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"calibrate: error: {expected}"), err
+
+
 def test_fit_recovers_a_known_overhead_and_checks_it_on_held_out_clusters():
     """Measurements made by the cost model itself with a known op overhead: the fit must find it
     (from zero), with no error left on the clusters it did not see."""
