@@ -70,6 +70,34 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(workload, cluster spec, the spec with the slowed link), every flag checked before the run
+    (`SpantrainError`): an unknown --model was a traceback, an unknown --planner exit code 1, and a
+    --slow-gbps the spec refuses (0, nan) ran the whole run, whose adapter ignored the file it made."""
+    from spantrain.cluster import Cluster
+    from spantrain.errors import SpantrainError
+    from spantrain.plan import Plan
+    from spantrain.policies.registry import get_planner
+    from spantrain.runtime.preflight import check_run
+    from spantrain.workload import load_workload
+
+    if not 0 < args.change_at < args.steps - 2:
+        raise SpantrainError(f"need 0 < --change-at < --steps - 2, got --change-at {args.change_at} and --steps "
+                             f"{args.steps}")
+    workload = load_workload(args.model)
+    spec = yaml.safe_load(CLUSTER_FILE.read_text())
+    slow = json.loads(json.dumps(spec))
+    slow["network"]["links"][0]["gbps"] = args.slow_gbps
+    try:
+        Cluster.from_spec(slow, "cluster")
+    except SpantrainError as e:
+        raise SpantrainError(f"--slow-gbps {args.slow_gbps:g} is no link speed ({e})") from None
+    check_run(Cluster.from_spec(spec, "cluster"),
+              workload, Plan.from_dict(pipeline_plan(workload.num_layers, workload.global_batch)), data=None)
+    get_planner(args.planner)
+    return workload, spec, slow
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -81,16 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="tiny-gpt", help="workload preset or file (tiny-gpt)")
     ap.add_argument("--planner", default="auto", help="--adapt-planner (auto)")
     args = ap.parse_args(argv)
-    if not 0 < args.change_at < args.steps - 2:
-        ap.error("need 0 < --change-at < --steps - 2")
+    from spantrain.errors import SpantrainError
+
+    try:
+        workload, spec, slow = _inputs(args)
+    except SpantrainError as e:
+        print(f"adapt_live: error: {e}", file=sys.stderr)
+        return 2
     from spantrain.cli import main as spantrain
     from spantrain.runtime.metrics import read_step_records
-    from spantrain.workload import load_workload
 
-    workload = load_workload(args.model)
-    spec = yaml.safe_load(CLUSTER_FILE.read_text())
-    slow = json.loads(json.dumps(spec))
-    slow["network"]["links"][0]["gbps"] = args.slow_gbps
     with tempfile.TemporaryDirectory(prefix="adapt-live-") as tmp_dir:
         tmp = Path(tmp_dir)
         os.chmod(tmp, 0o755)  # the emulated devices write their checkpoints here

@@ -32,7 +32,15 @@ def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
     assert fig["before_s"] > 0 and fig["after_s"] > 0 and len(fig["on_slowed_link_s"]) == fig["switched_at"] - 3
 
 
-def test_bad_arguments_are_one_line(capsys):
-    with pytest.raises(SystemExit) as e:
-        adapt_live.main(["--steps", "5", "--change-at", "4"])
-    assert e.value.code == 2 and "--change-at" in capsys.readouterr().err
+@pytest.mark.parametrize("args, expected", [
+    (["--steps", "5", "--change-at", "4"], "need 0 < --change-at < --steps - 2, got --change-at 4 and --steps 5"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),  # was a traceback
+    (["--planner", "no-such-planner"], "unknown planner 'no-such-planner'"),  # was exit code 1
+    # the run went to its end and then said it did not switch: its adapter ignored a file that does not load
+    (["--slow-gbps", "0"], "--slow-gbps 0 is no link speed (cluster: network.links[0]: gbps must be a positive"),
+])
+def test_bad_arguments_are_one_line(capsys, monkeypatch, args, expected):
+    monkeypatch.setattr("spantrain.cli.main", lambda argv: pytest.fail("ran"))
+    assert adapt_live.main([*args, "--mode", "none", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"adapt_live: error: {expected}"), err
