@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,19 @@ def print_json(obj: Any) -> None:
 
 def stdout_console():
     """A rich Console for a command's tables on stdout. Piped or redirected, rows stay whole at
-    120 columns: rich would lay them out for 80 and cut figures short ("41947.…", "A100-8…")."""
+    120 columns: rich would lay them out for 80 and cut figures short ("41947.…", "A100-8…").
+    When the reader leaves (``| head``), the command ends as `spantrain.cli.main` ends any
+    command on a closed pipe, exit code 0, where rich's own handler exits 1."""
     from rich.console import Console
 
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    class StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            # what is still buffered would fail again at exit: send it nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise BrokenPipeError
+
+    return StdoutConsole(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
 
 
 def _default(o: Any) -> Any:

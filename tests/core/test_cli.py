@@ -177,6 +177,22 @@ def test_real_process_prints_no_traceback(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
+def test_tables_into_a_closed_pipe_exit_0_like_json(tmp_path):
+    # `spantrain topo show C | head`: rich's broken-pipe handler ended the command with exit
+    # code 1, where the CLI ends a command on a closed pipe with 0 (as --json output does)
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first row
+    try:
+        result = subprocess.run([sys.executable, "-m", "spantrain", "topo", "show",
+                                 str(ROOT / "examples" / "cee-demo.yaml")],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "spantrain"
 
