@@ -31,8 +31,16 @@ _RUN_ID = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}})-")
 
 
 def state_dir() -> Path:
-    """Where run directories live (``$SPANTRAIN_EMULATOR_DIR``, default /tmp/spantrain-emulator)."""
-    return Path(os.environ.get("SPANTRAIN_EMULATOR_DIR", "/tmp/spantrain-emulator"))
+    """Where run directories live: ``$SPANTRAIN_EMULATOR_DIR``, default /tmp/spantrain-emulator for
+    root and /tmp/spantrain-emulator-<uid> for any other user.
+
+    One directory per user: a shared one, made by whoever ran first, let no other user register
+    a run in it, so without root the emulator failed ('Permission denied') instead of falling
+    back to local processes. Only root's runs make namespaces and cgroups, so only root's
+    directory names runs whose leftovers need root to remove."""
+    uid = os.geteuid()
+    default = "/tmp/spantrain-emulator" if uid == 0 else f"/tmp/spantrain-emulator-{uid}"
+    return Path(os.environ.get("SPANTRAIN_EMULATOR_DIR", default))
 
 
 @dataclass(frozen=True)
@@ -75,13 +83,18 @@ def _start_time(pid: int) -> str | None:
 def new_run() -> RunNames:
     """A fresh run id, registered to this process before anything is created."""
     base = state_dir()
-    base.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         names = RunNames(secrets.token_hex(2))
         try:
+            base.mkdir(parents=True, exist_ok=True)
             names.run_dir.mkdir()
         except FileExistsError:
+            if not base.is_dir():
+                raise EmulationError(f"{base} is not a directory: set SPANTRAIN_EMULATOR_DIR to one") from None
             continue
+        except OSError as e:
+            raise EmulationError(f"cannot register a run in {base} ({e.strerror or e}): set SPANTRAIN_EMULATOR_DIR "
+                                 "to a directory this user can write") from None
         state = {"run_id": names.run_id, "pid": os.getpid(), "start": _start_time(os.getpid())}
         (names.run_dir / "state.json").write_text(json.dumps(state) + "\n")
         return names
@@ -143,17 +156,23 @@ def teardown_network(names: RunNames) -> list[str]:
     return problems
 
 
+def _registered_ids() -> set[str]:
+    base = state_dir()
+    return {d.name for d in base.iterdir() if re.fullmatch(r"[0-9a-f]{4}", d.name)} if base.is_dir() else set()
+
+
 def _leftover_ids() -> set[str]:
-    ids = set()
+    if os.geteuid() != 0:
+        # Namespaces and cgroups belong to root's runs, registered in root's directory: another
+        # user would take live ones for leftovers (and could not remove them anyway).
+        return _registered_ids()
+    ids = _registered_ids()
     if shutil.which("ip"):
         ids |= {m.group(1) for ns in netns.list_namespaces() if (m := _RUN_ID.match(ns + "-"))}
     if netns.NETNS_ETC.is_dir():
         ids |= {m.group(1) for d in netns.NETNS_ETC.iterdir() if (m := _RUN_ID.match(d.name + "-"))}
     if cpu.CGROUP_CPU.is_dir():
         ids |= {m.group(1) for d in cpu.CGROUP_CPU.iterdir() if (m := _RUN_ID.match(d.name + "-"))}
-    base = state_dir()
-    if base.is_dir():
-        ids |= {d.name for d in base.iterdir() if re.fullmatch(r"[0-9a-f]{4}", d.name)}
     return ids
 
 

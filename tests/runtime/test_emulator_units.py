@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from spantrain.cluster import GBPS, Cluster
 from spantrain.errors import EmulationError
-from spantrain.runtime.emulator import cpu, latency, netns, shaping
+from spantrain.runtime.emulator import cpu, latency, netns, shaping, state
 from spantrain.runtime.emulator.cluster import EmulatedCluster
-from spantrain.runtime.emulator.state import RunNames
+from spantrain.runtime.emulator.state import RunNames, state_dir
 
 SPEC = {
     "name": "units",
@@ -172,6 +176,41 @@ def test_fallback_without_root_runs_plain_processes(cluster, tmp_path, monkeypat
     assert [r.stdout.split() for r in results] == [[str(k), "3", "127.0.0.1", d.id, "False"]
                                                    for k, d in enumerate(cluster.devices)]
     assert not any((tmp_path / "state").iterdir())  # run directory removed
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_another_user_falls_back_beside_roots_state_directory(monkeypatch):
+    # root's runs made the default state directory, which other users cannot write in: a user's
+    # emulate failed ('Permission denied') instead of falling back to local processes
+    monkeypatch.delenv("SPANTRAIN_EMULATOR_DIR", raising=False)
+    state_dir().mkdir(parents=True, exist_ok=True)
+    theirs = Path("/tmp/spantrain-emulator-65534")
+    existed = theirs.exists()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        spec = Path(tmp) / "c.json"
+        spec.write_text(json.dumps(SPEC))
+        spec.chmod(0o644)
+        env = {k: v for k, v in os.environ.items() if k != "SPANTRAIN_EMULATOR_DIR"}
+        proc = subprocess.run([*_NOBODY, sys.executable, "-m", "spantrain", "emulate", "-c", str(spec), "--",
+                               "sh", "-c", "echo $RANK"], capture_output=True, text=True, timeout=60, env=env,
+                              cwd=tmp)
+    if not existed:
+        shutil.rmtree(theirs, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "network namespaces unavailable (not running as root)" in proc.stderr
+    assert sorted(proc.stdout.split()) == ["0", "1", "2", "[a-0]", "[a-1]", "[b-0]"]
+
+
+def test_another_users_sweep_leaves_roots_namespaces_alone(tmp_path, monkeypatch):
+    # with a state directory per user, root's live runs are not registered where this user looks
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(netns, "list_namespaces", lambda: ["spt-beef-0", "spt-beef-hub"])
+    assert state.sweep_leftovers() == []
 
 
 def test_first_failure_stops_the_others_in_local_mode(cluster, tmp_path, monkeypatch):
