@@ -190,7 +190,9 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
             ax.plot([x0, x1], [y0, y1], color=cmap(lat_norm(lat[a, b])), lw=width,
                     alpha=0.55 if len(wan) < 60 else 0.25, zorder=1)
 
-    gpus = sorted({d.gpu for d in cluster.devices})
+    # a spec may leave gpu out: "?" in the legend, as in the region table (an empty label is
+    # left out of it, and with no label at all matplotlib warns on stderr)
+    gpus = sorted({d.gpu or "?" for d in cluster.devices})
     gpu_colors = {g: cm.tab10(i % 10) for i, g in enumerate(gpus)}
     idx = cluster.region_index
     for k, r in enumerate(regions):
@@ -203,7 +205,7 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
             ang = 2 * math.pi * j / max(1, n)
             rad = 0 if n == 1 else ring
             ax.scatter(x + rad * math.cos(ang), y + rad * math.sin(ang), s=12 + 0.5 * d.tflops,
-                       color=gpu_colors[d.gpu], edgecolor="k", linewidth=0.3, zorder=3)
+                       color=gpu_colors[d.gpu or "?"], edgecolor="k", linewidth=0.3, zorder=3)
         if len(regions) <= 60:
             ax.annotate(f"{r}\n{n} dev, {bw[k, k]:.3g} Gb/s", (x, y - ring * 1.45), ha="center", va="top",
                         fontsize=7, zorder=4)

@@ -170,6 +170,19 @@ def test_bad_plot_paths_are_refused_before_any_work(run_cli, tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither DIR.png nor the missing parent was made
 
 
+def test_plot_of_devices_without_a_gpu_label_is_clean(run_cli, tmp_path, demo_spec):
+    # gpu is optional: the plot's legend got an empty label, and matplotlib warned on stderr
+    import warnings
+
+    for device in demo_spec["devices"]:
+        del device["gpu"]
+    png = tmp_path / "c.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        code, _, err = run_cli("topo", "show", _write(tmp_path, demo_spec), "--plot", png)
+    assert code == 0 and err == "" and png.stat().st_size > 10_000
+
+
 def test_real_process_prints_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "spantrain", "topo", "show", str(tmp_path / "x.yaml")],
                             capture_output=True, text=True)
