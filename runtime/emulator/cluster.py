@@ -16,13 +16,15 @@ emulates latency *and* bandwidth (`delay_before_send` adds ``nbytes / bandwidth`
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import shutil
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -120,13 +122,15 @@ class EmulatedCluster:
     def cleanup(self) -> list[str]:
         """Remove every namespace, link, cgroup and file of this run; safe to call twice.
 
-        Never raises (it runs while an error unwinds, and at exit): what could not be removed
-        is logged in one line, returned, and swept at the next start.
+        Never raises (it runs while an error unwinds, and at exit), and Ctrl-C or SIGTERM while it
+        runs is dropped (`_signals_held`): what could not be removed is logged in one line,
+        returned, and swept at the next start.
         """
         if self.names is None:
             return []
         names, self.names = self.names, None
-        problems = state.teardown(names)
+        with _signals_held():
+            problems = state.teardown(names)
         self._restore_handlers()
         if problems:
             self.log(f"emulator: cleanup of run {names.run_id} incomplete ({problems[0]}); "
@@ -329,6 +333,29 @@ class EmulatedCluster:
         atexit.unregister(self.cleanup)
         stop_signals.restore(self._old_handlers)
         self._old_handlers = {}
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP are dropped until the block ends (main thread only: Python sets
+    handlers nowhere else; an ignored signal stays ignored).
+
+    A second Ctrl-C while the first one's teardown runs (seconds for many devices) cut it short
+    and left namespaces, cgroups and the run directory behind until the next start. The run is
+    ending anyway, so the signal has nothing left to stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, lambda signum, frame: None) for sig in _HELD
+           if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _host_name(device_id: str) -> str:

@@ -225,6 +225,26 @@ def test_first_failure_stops_the_others_in_local_mode(cluster, tmp_path, monkeyp
     assert all(r.stopped and r.returncode != 0 for k, r in enumerate(results) if k != 1)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_teardown_does_not_cut_it_short(cluster, tmp_path, monkeypatch, sig):
+    # a second Ctrl-C while the first one's teardown ran left namespaces and cgroups behind
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    real_teardown = state.teardown
+
+    def interrupted_teardown(names):
+        os.kill(os.getpid(), sig)  # delivered before the next line runs, unless held
+        return real_teardown(names)
+
+    monkeypatch.setattr(state, "teardown", interrupted_teardown)
+    emu = EmulatedCluster(cluster, mode="local", cpu_limits=False).setup()
+    try:
+        assert emu.cleanup() == []
+    except KeyboardInterrupt:  # SIGTERM's too (`Terminated`): caught, or it would end the whole session
+        pytest.fail(f"{signal.Signals(sig).name} cut the teardown short")
+    assert not any((tmp_path / "state").iterdir())  # the run directory went too
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_an_ignored_hangup_stays_ignored(cluster, tmp_path, monkeypatch):
     """`nohup spantrain run --emulate ... &`: closing the terminal must not stop the run."""
     monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
