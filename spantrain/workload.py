@@ -114,6 +114,8 @@ class Architecture:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise WorkloadError(f"architecture.{f} must be a positive integer, {got(v)}")
+        if not isinstance(self.flash_attention, bool):  # a quoted "no" would read as true
+            raise WorkloadError(f"architecture.flash_attention must be true or false, {got(self.flash_attention)}")
         if self.n_layers > MAX_LAYERS - 2:  # plus the embedding and the head
             raise WorkloadError(f"architecture.n_layers must be at most {MAX_LAYERS - 2}, got {self.n_layers}")
         if self.d_model % self.n_heads:
@@ -326,13 +328,20 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     problems: list[str] = []
     check_keys(spec, {"name", "global_batch", "seq_len", "precision", "architecture", "layers", "tied_embeddings"},
                {"global_batch", "seq_len"}, source, problems)
+    # wrong types here failed later as tracebacks (a list as name is no key for measured
+    # layer_times, as precision no key of PRECISIONS) or were misread ("no" as true)
     name = spec.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"{source}: name must be a non-empty string, {got(name)}")
+    tied = spec.get("tied_embeddings", False)
+    if not isinstance(tied, bool):
+        problems.append(f"{source}: tied_embeddings must be true or false, {got(tied)}")
     gb = positive_int(spec, "global_batch", source, problems)
     if gb is not None and gb > MAX_GLOBAL_BATCH:
         problems.append(f"{source}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, got {gb}")
     s = positive_int(spec, "seq_len", source, problems)
     precision = spec.get("precision", "bf16")
-    if precision not in PRECISIONS:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         problems.append(f"{source}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if ("architecture" in spec) == ("layers" in spec):
         problems.append(f"{source}: give exactly one of 'architecture' or 'layers'")
@@ -352,7 +361,7 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         except WorkloadError as e:
             raise WorkloadError(f"{source}: {e}") from None
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
-                                  tied_embeddings=bool(spec.get("tied_embeddings", False)))
+                                  tied_embeddings=tied)
     layers = list(_parse_layers(spec["layers"], source, problems))
     if len(layers) > MAX_LAYERS:
         problems.append(f"{source}: {len(layers)} layers, at most {MAX_LAYERS} are supported")

@@ -93,6 +93,16 @@ def test_yaml_forms(tmp_path):
      "activation_bytes: 1}]\n", "8000 layers, at most 4096 are supported"),
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1000000000, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "architecture.n_layers must be at most 4094"),
+    # wrong types at the top: tracebacks (name, precision) or misread as true (the flags)
+    ("name: [1, 2]\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "w.yaml: name must be a non-empty string, got [1, 2]"),
+    ("precision: [1]\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: precision must be one of fp32, fp16, bf16, got [1]"),
+    ("tied_embeddings: maybe\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: tied_embeddings must be true or false, got 'maybe'"),
+    ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
+     "n_heads: 2, d_ff: 4, max_seq_len: 8, flash_attention: 'no'}\n",
+     "w.yaml: architecture.flash_attention must be true or false, got 'no'"),
     # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 0, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "workload 'w': every layer has 0 FLOPs, so there is no work to plan"),
