@@ -184,7 +184,12 @@ def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
             time.sleep(0.05)
     except BaseException:
         # Ctrl-C, SIGTERM to the emulator, or a bug here: never leave devices running.
-        stop_all(procs, signal.SIGINT)
+        try:
+            stop_all(procs, signal.SIGINT)
+        except KeyboardInterrupt:
+            # A second Ctrl-C during the grace: kill them now. Raised out of the grace, it skipped the
+            # SIGKILL, and devices outside namespaces and cgroups (the fallback) ran on, orphaned.
+            stop_all(procs, signal.SIGKILL, grace_s=0)
         raise
     return [p.result() for p in procs]
 

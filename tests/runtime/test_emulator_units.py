@@ -3,6 +3,7 @@ the CLI's input errors and the fallback to plain local processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -243,6 +245,40 @@ def test_a_signal_during_teardown_does_not_cut_it_short(cluster, tmp_path, monke
         pytest.fail(f"{signal.Signals(sig).name} cut the teardown short")
     assert not any((tmp_path / "state").iterdir())  # the run directory went too
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_while_devices_stop_kills_them(cluster, tmp_path, monkeypatch):
+    # Devices that take their time over SIGINT (these ignore it); the user presses Ctrl-C again
+    # during the grace. Outside namespaces and cgroups nothing else would ever stop them.
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    code = ("import os, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(str(os.getpid())); time.sleep(30)")
+    pids: list[int] = []
+
+    def first_ctrl_c() -> bool:
+        if len(pids) < len(cluster):
+            pids[:] = [int(p.read_text()) for p in tmp_path.glob("[0-9]") if p.read_text()]
+            return False
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # the second one
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    try:
+        with EmulatedCluster(cluster, mode="local", cpu_limits=False) as emu, pytest.raises(KeyboardInterrupt):
+            emu.run([sys.executable, "-c", code, str(tmp_path)], echo=False, stop_when=first_ctrl_c)
+        alive = [pid for pid in pids if _running(pid)]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert alive == [] and time.monotonic() - t0 < 4, alive  # killed, without waiting out the 5 s grace
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def test_an_ignored_hangup_stays_ignored(cluster, tmp_path, monkeypatch):
