@@ -156,7 +156,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             sync.average_state(module, optimizer, step)
             busy, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = transport.take_stats()
-            loss_part = float(torch.stack(losses).mean()) * share if losses else 0.0
+            # detached: float() of a tensor that needs grad prints a UserWarning (on the terminal under torchrun)
+            loss_part = float(torch.stack(losses).detach().mean()) * share if losses else 0.0
             row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu],
                                dtype=torch.float64, device=device)
             rows = transport.all_gather_rows(row).cpu()

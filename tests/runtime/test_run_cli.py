@@ -41,6 +41,9 @@ def test_human_run_on_a_text_file_writes_metrics(tmp_path):
     # the two stages exchanged activations and gradients, so some waiting was measured
     assert sum(r["p2p_wait_s"] for rec in steps for r in rec["ranks"]) > 0
     assert lines[0]["event"] == "start" and lines[-1]["event"] == "end"
+    # torch's "Converting a tensor with requires_grad=True to a scalar", from reading the loss: on the
+    # terminal under torchrun
+    assert not any("UserWarning" in log.read_text() for log in (tmp_path / "run" / "logs").iterdir())
 
 
 def test_ctrl_c_stops_together_checkpoints_and_leaves_no_process(tmp_path):
