@@ -192,6 +192,15 @@ def _check_checkpoint_dir(path: str, resume: bool) -> None:
     require_writable_dir(path, "--checkpoint-dir", ExecutionError)
 
 
+def _check_metrics_dir(path: str) -> None:
+    """Refuse now a --metrics file whose directory cannot be made or written (a file in its place, no
+    permission): rank 0 failed on it once every worker had started, with a bare OSError."""
+    from spantrain._spec import require_writable_dir
+
+    require_writable_dir(Path(path).parent, f"--metrics {path}: its directory", ExecutionError,
+                         fix="pass a file path in a directory this run can write")
+
+
 def _make_plan(args: argparse.Namespace, cluster, workload):
     from spantrain.errors import PlanError
     from spantrain.plan import Plan
@@ -241,6 +250,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.checkpoint_dir:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
+    if args.metrics:
+        _check_metrics_dir(args.metrics)
 
     if workload.precision != "fp32":
         _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")

@@ -73,6 +73,9 @@ def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     # a new run there would overwrite that run's checkpoints
     (["--checkpoint-dir", "CKPT"], "--checkpoint-dir CKPT already holds the checkpoints of a run (latest: "
                                    "step-00000004): add --resume to continue it, or pass another directory"),
+    # rank 0 failed on it with "FileExistsError: [Errno 17] File exists" once the workers had started
+    (["--metrics", "NESTED"], "--metrics NESTED: its directory FILE cannot be written (File exists): pass a file "
+                              "path in a directory this run can write"),
     # the "checkpoint: DIR/step-N" a run prints, passed back: found nothing to resume, or got written into
     (["--checkpoint-dir", "ONE", "--resume"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory: "
                                               "pass the directory that holds it, CKPT (--resume continues"),
