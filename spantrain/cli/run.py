@@ -31,7 +31,7 @@ from spantrain.cli._common import (
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.policies.train_config import MAX_SEED
 
-__all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note"]
+__all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note", "other_optim_note"]
 
 MIN_TIMEOUT_S = 1.0
 """Smallest --timeout: below it gloo aborts the workers (SIGABRT) before they have even met."""
@@ -178,6 +178,20 @@ def other_data_note(before: str | None, now: str | None) -> str | None:
     return f"resuming on {now_s}, where the checkpoint's run trained on {before_s}: the sample sequence changes"
 
 
+_OPTIM_FLAGS = {"lr": "--lr", "weight_decay": "--weight-decay", "eps": "--adam-eps"}
+
+
+def other_optim_note(before: dict[str, Any] | None, now: dict[str, float]) -> str | None:
+    """A note when a resumed run trains with other AdamW settings than the checkpoint's run: allowed
+    (a new learning rate is a reason to resume), but a flag left out takes its default, not the
+    checkpoint's value, and the run would otherwise change its learning rate without a word."""
+    changed = [f"{flag} {now[key]:g} (the checkpoint's run: {before[key]:g})" for key, flag in _OPTIM_FLAGS.items()
+               if isinstance(before, dict) and isinstance(before.get(key), (int, float)) and before[key] != now[key]]
+    if not changed:
+        return None
+    return f"resuming with {', '.join(changed)}; AdamW settings left out take their defaults, not the checkpoint's"
+
+
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
     """Refuse now, not at the first checkpoint (without --checkpoint-every, the end of the run:
     all of its training lost), a checkpoint directory that cannot be written; and, without
@@ -245,6 +259,10 @@ def _run(args: argparse.Namespace) -> int:
             _note(f"resuming with the checkpoint's seed {state['seed']} (not --seed {seed})")
             seed = int(state["seed"])
         note = other_data_note(state.get("data"), str(Path(args.data).resolve()) if args.data else None)
+        if note:
+            _note(note)
+        note = other_optim_note(state.get("optim"), {"lr": args.lr, "weight_decay": args.weight_decay,
+                                                     "eps": args.adam_eps})
         if note:
             _note(note)
 

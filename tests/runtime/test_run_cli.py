@@ -295,3 +295,16 @@ def test_resuming_on_other_data_says_so():
                                                         "on /d/a.txt: the sample sequence changes")
     assert other_data_note("/d/a.txt", None) == ("resuming on the built-in synthetic corpus, where the checkpoint's "
                                                  "run trained on /d/a.txt: the sample sequence changes")
+
+
+def test_resuming_with_other_adamw_settings_says_so():
+    """The checkpoint keeps the seed and notes other data; a learning rate changed by leaving --lr out
+    (its default, not the checkpoint's) went without a word."""
+    from spantrain.cli.run import other_optim_note
+
+    before = {"lr": 3e-4, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+    assert other_optim_note(before, {"lr": 3e-4, "weight_decay": 0.1, "eps": 1e-8}) is None
+    assert other_optim_note(None, {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-8}) is None  # nothing recorded
+    assert other_optim_note(before, {"lr": 1e-3, "weight_decay": 0.0, "eps": 1e-8}) == (
+        "resuming with --lr 0.001 (the checkpoint's run: 0.0003), --weight-decay 0 (the checkpoint's run: 0.1); "
+        "AdamW settings left out take their defaults, not the checkpoint's")
