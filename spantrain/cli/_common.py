@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "stdout_console", "not_yet", "check_dir_option"]
+           "stdout_console", "not_yet", "check_dir_option", "check_output_file"]
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
@@ -61,6 +61,21 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
             p.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SpantrainError(f"{flag} {p}: {e.strerror}") from None
+
+
+def check_output_file(path: str, option: str, fix: str = "give a file name") -> None:
+    """An output file option, refused in one line (`SpantrainError`) before any work when it
+    cannot be written as given: a directory, or a parent directory that does not exist (it is
+    not created) or is not one. Checked after the work, a plan minutes in the making was lost
+    to a late "No such file or directory"."""
+    from spantrain.errors import SpantrainError
+
+    p = Path(path)
+    if p.is_dir():
+        raise SpantrainError(f"{option} {path}: is a directory; {fix}")
+    if not p.parent.is_dir():
+        what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
+        raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")
 
 
 def print_json(obj: Any) -> None:

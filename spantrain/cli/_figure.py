@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spantrain.cli._common import check_output_file
 from spantrain.errors import SpantrainError
 
 __all__ = ["FIGURE_FORMATS", "check_figure_path"]
@@ -16,14 +17,9 @@ def check_figure_path(path: str, option: str) -> None:
     """Refuse in one line a figure path that cannot be written as given, like `-o` does: an
     unsupported or missing suffix (matplotlib would fail late or write PATH.png instead), a
     directory, or a parent directory that does not exist (it is not created)."""
-    p = Path(path)
     formats = ", ".join(f".{f}" for f in FIGURE_FORMATS)
-    if p.is_dir():
-        raise SpantrainError(f"{option} {path}: is a directory; give a file name ending in {formats}")
-    suffix = p.suffix.lower().lstrip(".")
+    check_output_file(path, option, f"give a file name ending in {formats}")
+    suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in FIGURE_FORMATS:
         got = f"format '.{suffix}' is not supported" if suffix else "no file suffix"
         raise SpantrainError(f"{option} {path}: {got}; give a file name ending in {formats}")
-    if not p.parent.is_dir():
-        what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
-        raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")

@@ -26,6 +26,7 @@ from spantrain.cli._common import (
     add_cluster_arg,
     add_json_arg,
     add_model_args,
+    check_output_file,
     load_cluster,
     load_model,
     print_json,
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.remaining_steps is not None and not args.running:
         raise PlannerError("--remaining-steps needs --from RUNNING_PLAN")
+    if args.output:
+        check_output_file(args.output, "-o")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     options = planner_options(args.planner, args, strict=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spantrain.cli._common import add_json_arg, load_cluster, print_json, stdout_console
+from spantrain.cli._common import add_json_arg, check_output_file, load_cluster, print_json, stdout_console
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
 
@@ -36,6 +36,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     from spantrain.profiler.topology import generate
 
+    if args.output:
+        check_output_file(args.output, "-o")
     cluster = generate(args.devices, seed=args.seed, profile=args.profile, name=args.name)
     if args.output:
         cluster.save(args.output)

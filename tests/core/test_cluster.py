@@ -171,6 +171,17 @@ def test_generator_and_spec_share_the_device_limit():
     assert topology.MAX_DEVICES is MAX_DEVICES
 
 
+@pytest.mark.parametrize("out", [".", "..", "/"])
+def test_save_to_a_path_naming_no_file_is_an_os_error(tmp_path, monkeypatch, demo_spec, out):
+    # a path without a file name had no place to write its temporary file beside: a ValueError,
+    # which the CLI does not turn into its one-line error as it does an OSError
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    with pytest.raises(IsADirectoryError, match=re.escape(f"Is a directory: '{out}'")):
+        Cluster.from_spec(demo_spec).save(out)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["sub"]
+
+
 def test_save_replaces_the_file_whole_or_not_at_all(tmp_path, demo_spec, monkeypatch):
     # `run --adapt` follows a cluster file that a profiler rewrites: a reader must never see half of it
     import spantrain._spec as spec_module

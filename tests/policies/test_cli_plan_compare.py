@@ -110,6 +110,24 @@ def test_plan_bad_input_exits_2_with_one_line(run_cli, tmp_path, args, needle):
     _one_line_error(code, out, err, needle)
 
 
+def test_plan_refuses_an_unwritable_output_before_planning(run_cli, cluster_file, tmp_path, monkeypatch):
+    # -o was first tried after planning (seconds to minutes with ga): the plan was lost to a
+    # late "No such file or directory"
+    import spantrain.policies.registry as registry
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planning started")
+
+    monkeypatch.setattr(registry, "get_planner", no_planning)
+    out = tmp_path / "missing" / "plan.json"
+    code, stdout, err = run_cli("plan", "-c", cluster_file, "-m", "tiny-gpt", "--planner", "heuristic", "-o", out,
+                                "--json")
+    _one_line_error(code, stdout, err, f"-o {out}: '{out.parent}' does not exist (create it first)")
+    code, stdout, err = run_cli("plan", "-c", cluster_file, "-m", "tiny-gpt", "--planner", "heuristic", "-o", tmp_path)
+    _one_line_error(code, stdout, err, f"-o {tmp_path}: is a directory; give a file name")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
 def test_plan_missing_cluster_file_exits_2(run_cli, tmp_path):
     code, out, err = run_cli("plan", "--cluster", tmp_path / "nope.yaml", "--model", "gpt2-small")
     assert code == 2 and out == "" and "Traceback" not in err
