@@ -1,8 +1,8 @@
 """`EmulatedCluster`: a cluster spec brought up on this machine, and commands run on it.
 
 Set-up, in order: sweep leftovers of crashed runs; register a new run (state file);
-one network namespace per device plus a hub namespace with the bridge; htb shaping on
-each device's interface; a CPU cgroup per device; the emulation file (latency contract,
+a CPU cgroup per device; one network namespace per device plus a hub namespace with the
+bridge; htb shaping on each device's interface; the emulation file (latency contract,
 `spantrain.runtime.emulator.latency`). `run(command)` starts the command once per
 device, like torchrun, with the rendezvous variables set. `cleanup()` (also on leaving
 the `with` block, on SIGTERM/SIGHUP, Ctrl-C and at interpreter exit) removes everything.
@@ -111,8 +111,8 @@ class EmulatedCluster:
         self.names = state.new_run()
         self._install_handlers()
         try:
+            self._setup_cpu()  # first: quotas it must refuse are refused before minutes of namespaces
             self.mode = self._setup_network()
-            self._setup_cpu()
             self._write_emulation()
         except BaseException:
             self.cleanup()
@@ -295,6 +295,7 @@ class EmulatedCluster:
             self.log(f"emulator: no CPU quotas ({reason}): devices share the cores freely")
             return
         assert self.names is not None
+        cpu.check_shares(self.cluster.ids, self.shares, self.cores)
         cpu.create_groups(self.names.cgroup, self.shares)
         self.cpu_limited = True
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from spantrain.errors import EmulationError
 
-__all__ = ["CGROUP_CPU", "MIN_PERIOD_US", "cpu_shares", "period_us", "unavailable_reason", "create_groups",
-           "group_pids", "remove_tree"]
+__all__ = ["CGROUP_CPU", "MIN_PERIOD_US", "MIN_SHARE", "cpu_shares", "check_shares", "period_us",
+           "unavailable_reason", "create_groups", "group_pids", "remove_tree"]
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 """Mount point of the cgroup v1 cpu controller."""
@@ -38,6 +38,8 @@ _MIN_QUOTA_US = 1000
 MIN_PERIOD_US = 10_000
 """Shortest CFS period given to a device (module docstring)."""
 _MAX_PERIOD_US = 1_000_000
+MIN_SHARE = _MIN_QUOTA_US / _MAX_PERIOD_US
+"""Fewest cores a quota gives: the kernel's 1 ms minimum quota in the longest (1 s) period."""
 
 
 def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
@@ -46,6 +48,25 @@ def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
         raise EmulationError(f"--cpus must be a finite number > 0, got {cores:g}")
     total = float(sum(tflops))
     return [float(cores * t / total) for t in tflops]
+
+
+def check_shares(ids: Sequence[str], shares: Sequence[float], cores: float) -> None:
+    """Refuse shares below `MIN_SHARE`: those devices would get `MIN_SHARE` (up to 19x their share
+    on a 4,096-device cluster at 2 cores), so the speed ratios and the one time dilation the
+    emulator reports would be false."""
+    k = min(range(len(shares)), key=shares.__getitem__)
+    if shares[k] < MIN_SHARE:
+        need = _round_up(cores * MIN_SHARE / shares[k])
+        raise EmulationError(f"{cores:g} cores shared in proportion to TFLOP/s leave device {ids[k]} {shares[k]:.2g} "
+                             f"cores, below the smallest CPU quota the kernel enforces ({MIN_SHARE:g} cores): give the "
+                             f"cluster at least {need:g} cores (--cpus), or emulate it without CPU quotas "
+                             "(--no-cpu-limits)")
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """`x` to `digits` significant digits, never below it (a figure the user passes back must suffice)."""
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale) / scale
 
 
 def period_us(share: float) -> int:

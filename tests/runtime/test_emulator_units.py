@@ -157,6 +157,23 @@ def test_cpu_shares_follow_tflops_and_fit_the_cores():
         cpu.cpu_shares([1.0], cores=0)
 
 
+def test_cpu_shares_below_the_smallest_quota_are_refused():
+    # the kernel would give such a device 0.001 cores, not its share: its speed ratio to the others breaks
+    cpu.check_shares(["a", "b"], [1.5, 0.001], cores=1.501)
+    with pytest.raises(EmulationError, match=r"leave device b 0\.00047 cores, .* at least 3\.2 cores \(--cpus\)"):
+        cpu.check_shares(["a", "b"], [1.49953, 0.00047], cores=1.5)  # 3.19 rounds up, not down
+
+
+@pytest.mark.skipif(cpu.unavailable_reason() is not None, reason="needs cgroup v1 cpu quotas")
+def test_emulate_refuses_quotas_the_kernel_would_round_up(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))  # 30 : 30 : 10 TFLOP/s
+    code, out, err = run_cli("emulate", "-c", spec, "--mode", "local", "--cpus", "0.002", "--", "true")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "device b-0 0.00029 cores" in err and "at least 0.007 cores (--cpus)" in err, err
+
+
 def test_interface_names_fit_linux_limit():
     names = RunNames("beef")
     assert len(names.hub_if(9999)) <= 15
