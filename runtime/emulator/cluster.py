@@ -259,6 +259,7 @@ class EmulatedCluster:
             return "local"
         reason = netns.unavailable_reason()
         if reason is None:
+            shaping.check_rates(self.cluster, self.limits)  # the user's to fix: no reason to fall back
             try:
                 self._build_namespaces()
                 return "netns"

@@ -50,8 +50,8 @@ from spantrain.errors import EmulationError
 from spantrain.runtime.emulator.netns import region_subnet
 from spantrain.runtime.emulator.system import run
 
-__all__ = ["FRAME_BYTES", "PAYLOAD_BYTES", "RateLimits", "TcClass", "emulated_gbps", "device_classes",
-           "gso_bytes", "tc_batch", "apply_shaping"]
+__all__ = ["FRAME_BYTES", "PAYLOAD_BYTES", "MIN_GBPS", "RateLimits", "TcClass", "emulated_gbps", "check_rates",
+           "device_classes", "gso_bytes", "tc_batch", "apply_shaping"]
 
 FRAME_BYTES = 1514
 """Ethernet frame of a full-size segment at MTU 1500."""
@@ -102,6 +102,28 @@ def emulated_gbps(cluster: Cluster, limits: RateLimits) -> np.ndarray:
     out = np.minimum(cluster.bandwidth / GBPS * limits.scale, limits.max_gbps)
     np.fill_diagonal(out, np.nan)
     return out
+
+
+MIN_GBPS = 1e-7
+"""Slowest goodput shaped (100 bit/s): a pipe's small-packet child, 10 % of it, needs tc's 1 byte/s."""
+
+
+def check_rates(cluster: Cluster, limits: RateLimits) -> None:
+    """Refuse a rate the kernel's shaper cannot enforce, naming the slowest; else `tc` failed
+    with 'Command failed -:9', which mode auto took for namespaces being unavailable."""
+    rates = {"--max-gbps": limits.max_gbps}
+    for a in cluster.regions:  # every region class is installed, even one whose pairs all have overrides
+        for b in cluster.regions:
+            rates[f"{a} -> {b}"] = limits.emulate(cluster.network.between(a, b).gbps)
+    if len(cluster) > 1:
+        pairs = emulated_gbps(cluster, limits)
+        i, j = np.unravel_index(np.nanargmin(pairs), pairs.shape)
+        rates[f"{cluster.devices[i].id} -> {cluster.devices[j].id}"] = float(pairs[i, j])
+    where, slowest = min(rates.items(), key=lambda kv: kv[1])
+    if slowest < MIN_GBPS:
+        raise EmulationError(f"{where}: emulated bandwidth {slowest:.3g} Gbit/s is below the {MIN_GBPS:g} Gbit/s "
+                             "(100 bit/s) the kernel's shaper can enforce: raise it (or --bandwidth-scale), or "
+                             "emulate without namespaces (--mode local)")
 
 
 def device_classes(cluster: Cluster, i: int, addrs: list[str], limits: RateLimits) -> list[TcClass]:

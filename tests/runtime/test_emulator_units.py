@@ -147,6 +147,27 @@ def test_rate_limits_scale_and_cap(cluster):
         shaping.RateLimits(scale=0)
 
 
+def test_rates_the_shaper_cannot_enforce_are_named(cluster):
+    shaping.check_rates(cluster, shaping.RateLimits(scale=1e-7 / 0.005))  # a-0 -> b-0 at exactly 100 bit/s
+    with pytest.raises(EmulationError, match=r"^a-0 -> b-0: emulated bandwidth 5e-08 Gbit/s is below the 1e-07"):
+        shaping.check_rates(cluster, shaping.RateLimits(scale=1e-5))
+    with pytest.raises(EmulationError, match=r"^--max-gbps: emulated bandwidth 5e-08"):
+        shaping.check_rates(Cluster.from_spec({"name": "one", "devices": [{"id": "x", "region": "r", "tflops": 1,
+                                                                           "memory_gb": 1}],
+                                               "network": {"regions": {"r": {"gbps": 1, "latency_ms": 1}}}}),
+                            shaping.RateLimits(max_gbps=5e-8))
+
+
+@pytest.mark.skipif(netns.unavailable_reason() is not None, reason="needs network namespaces")
+def test_a_rate_too_slow_to_shape_is_an_error_not_a_fallback(cluster, tmp_path, monkeypatch, capsys):
+    # tc refused it ('Command failed -:9'), and mode auto took that for namespaces being unavailable
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    with pytest.raises(EmulationError, match="the kernel's shaper can enforce: raise it"):
+        EmulatedCluster(cluster, bandwidth_scale=1e-5, cpu_limits=False).setup()
+    assert "falling back" not in capsys.readouterr().err
+    assert not any((tmp_path / "state").iterdir())
+
+
 def test_cpu_shares_follow_tflops_and_fit_the_cores():
     shares = cpu.cpu_shares([30, 30, 10], cores=2.0)
     assert sum(shares) == pytest.approx(2.0) and shares[0] / shares[2] == pytest.approx(3.0)
