@@ -221,7 +221,14 @@ def test_fallback_without_root_runs_plain_processes(cluster, tmp_path, monkeypat
 _NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def _nobody_runs_python() -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    return subprocess.run([*_NOBODY, sys.executable, "-c", "import spantrain"], capture_output=True,
+                          timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(not _nobody_runs_python(), reason="needs root, setpriv and a Python user nobody can run")
 def test_another_user_falls_back_beside_roots_state_directory(monkeypatch):
     # root's runs made the default state directory, which other users cannot write in: a user's
     # emulate failed ('Permission denied') instead of falling back to local processes
