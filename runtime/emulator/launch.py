@@ -26,11 +26,15 @@ from typing import IO
 
 from spantrain.errors import EmulationError
 
-__all__ = ["DeviceResult", "DeviceProcess", "wait_all", "stop_all", "first_failure"]
+__all__ = ["DeviceResult", "DeviceProcess", "TimedOut", "wait_all", "stop_all", "first_failure"]
 
 _KEEP_LINES = 5000
 _GRACE_S = 5.0
 _print_lock = threading.Lock()
+
+
+class TimedOut(EmulationError):
+    """The command was still running at `wait_all`'s timeout; every device was stopped."""
 
 
 @dataclass
@@ -180,7 +184,7 @@ def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
                 stop_all(procs)
                 for p in procs:
                     p.result()
-                raise EmulationError(f"the command was still running after {timeout_s:g} s; stopped every device")
+                raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
             time.sleep(0.05)
     except BaseException:
         # Ctrl-C, SIGTERM to the emulator, or a bug here: never leave devices running.

@@ -1,7 +1,8 @@
 """`spantrain emulate --cluster C [options] -- COMMAND ...`: run COMMAND once per device of C
 on a local emulated cluster (namespaces, htb shaping, CPU quotas; see
 `spantrain.runtime.emulator`). Exit code: 0 when every device succeeded, else the code of
-the first device that failed (128 + signal when it was killed), 2 for bad input."""
+the first device that failed (128 + signal when it was killed), 124 when --timeout stopped
+them (as `timeout` does), 2 for bad input."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import sys
 
 from spantrain.cli._common import add_cluster_arg, check_dir_option
 from spantrain.errors import EmulationError
+
+TIMED_OUT = 124
+"""Exit code when --timeout stopped the devices, as `timeout` uses."""
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -29,7 +33,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cpu-limits", action="store_true", help="do not put devices under CPU quotas")
     p.add_argument("--log-dir", metavar="DIR", help="also write each device's output to DIR/<device>.log")
     p.add_argument("--quiet", action="store_true", help="do not relay the devices' output (use with --log-dir)")
-    p.add_argument("--timeout", type=float, metavar="S", help="stop every device after S seconds")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop every device after S seconds (exit code 124)")
     p.add_argument("--cleanup", action="store_true",
                    help="only remove what crashed emulator runs left behind, then exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -57,6 +61,7 @@ def _check_positive(flag: str, value: float | None) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
+    from spantrain.runtime.emulator.launch import TimedOut
     from spantrain.runtime.emulator.state import sweep_leftovers
 
     if args.cleanup:
@@ -75,12 +80,18 @@ def _run(args: argparse.Namespace) -> int:
         _check_positive(flag, value)
     # made now: a --log-dir under a file failed only after the namespaces were up, below their lines
     check_dir_option("--log-dir", args.log_dir, create=True)
-    with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode, bandwidth_scale=_scale(args.bandwidth_scale),
-                         max_gbps=args.max_gbps, cpu_limits=not args.no_cpu_limits) as emu:
-        if not args.quiet:
-            for line in emu.describe():
-                print(line, file=sys.stderr)
-        results = emu.run(command, timeout_s=args.timeout, echo=not args.quiet, log_dir=args.log_dir)
+    try:
+        with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode,
+                             bandwidth_scale=_scale(args.bandwidth_scale), max_gbps=args.max_gbps,
+                             cpu_limits=not args.no_cpu_limits) as emu:
+            if not args.quiet:
+                for line in emu.describe():
+                    print(line, file=sys.stderr)
+            results = emu.run(command, timeout_s=args.timeout, echo=not args.quiet, log_dir=args.log_dir)
+    except TimedOut as e:
+        # not exit code 2: a script must tell a command that outlived --timeout from a mistyped option
+        print(f"spantrain emulate: {e}", file=sys.stderr)
+        return TIMED_OUT
     failed = first_failure(results)
     if failed is None:
         return 0

@@ -356,6 +356,16 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
         assert "Traceback" not in err
 
 
+def test_a_timeout_exits_124_not_as_bad_input(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))
+    code, out, err = run_cli("emulate", "-c", spec, "--mode", "local", "--no-cpu-limits", "--quiet", "--timeout", "0.5",
+                             "--", "sleep", "30")
+    assert code == 124 and out == "" and err.strip().splitlines() == [
+        "spantrain emulate: the command was still running after 0.5 s; stopped every device"], err
+
+
 @pytest.mark.parametrize("flag", ["--cpus", "--max-gbps", "--bandwidth-scale", "--timeout"])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_non_finite_numbers_are_one_line_errors(run_cli, tmp_path, monkeypatch, flag, value):
