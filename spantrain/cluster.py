@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from spantrain._spec import (
+    FIGURE_MAX,
     check_keys,
     fmt_number,
     nonempty_str,
@@ -413,9 +414,8 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         lists = []
         for key in ("forward_ms", "backward_ms"):
             vals = entry.get(key)
-            if not isinstance(vals, list) or not vals or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in vals):
-                problems.append(f"{w}: {key} must be a non-empty list of numbers >= 0")
+            if not isinstance(vals, list) or not vals or not all(map(_is_time_ms, vals)):
+                problems.append(f"{w}: {key} must be a non-empty list of numbers from 0 to {FIGURE_MAX:g}")
                 lists.append(None)
             else:
                 lists.append(tuple(float(v) / 1e3 for v in vals))
@@ -424,6 +424,12 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         elif batch and lists[0] and lists[1]:
             out[str(model)] = LayerTimes(batch=batch, forward_s=lists[0], backward_s=lists[1])
     return out
+
+
+def _is_time_ms(v: Any) -> bool:
+    """A measured layer time: a number from 0 to FIGURE_MAX ms, like every figure of a spec (an
+    infinite or 1e308 ms one overflowed the cost model's sums: a "deadlock" traceback)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= FIGURE_MAX
 
 
 def _parse_spec(spec: Any, source: str) -> Cluster:

@@ -95,6 +95,12 @@ def _mutate(spec, path, value):
     (("devices", 1, "memory_gb"), 1e300, "memory_gb must be from 1e-30 to 1e+30"),
     (("network", "links", 0, "gbps"), 1e-300, "gbps must be from 1e-30 to 1e+30"),
     (("network", "links", 0, "latency_ms"), 1e300, "latency_ms must be at most 1e+30"),
+    # measured layer times too: an infinite one made the cost model's kernel fail ("deadlocks")
+    (("devices", 1, "layer_times"), {"tiny-gpt": {"batch": 1, "forward_ms": [1.0] * 8,
+                                                  "backward_ms": [1.0] * 7 + [float("inf")]}},
+     "devices[1] (edge-0).layer_times[tiny-gpt]: backward_ms must be a non-empty list of numbers from 0 to 1e+30"),
+    (("devices", 1, "layer_times"), {"tiny-gpt": {"batch": 1, "forward_ms": [1e308] * 8, "backward_ms": [1.0] * 8}},
+     "forward_ms must be a non-empty list of numbers from 0 to 1e+30"),
     # YAML 1.1 reads 1.0e9 as a string: say so
     (("devices", 1, "tflops"), "1.0e9", "got the string '1.0e9' (YAML reads 1.0e9 as text; write 1.0e+9)"),
     (("devices", 0, "count"), "4", "got the string '4' (write the number without quotes)"),
