@@ -97,5 +97,16 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     code = failed.returncode if failed.returncode > 0 else 128 - failed.returncode
     print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) exited with code "
-          f"{failed.returncode}; the other devices were stopped", file=sys.stderr)
+          f"{failed.returncode}; {_the_others(results, failed)}", file=sys.stderr)
     return code
+
+
+def _the_others(results, failed) -> str:
+    """What became of the other devices, said only of those it is true of: all of them may have
+    ended on their own (the same error everywhere) before the first failure was seen."""
+    others, stopped = len(results) - 1, sum(r.stopped for r in results)
+    if others == 0:
+        return "it was the only device"
+    if stopped == 0:
+        return "the other devices ended on their own"
+    return "the other devices were stopped" if stopped == others else f"{stopped} of the other {others} were stopped"

@@ -358,6 +358,21 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
         assert "Traceback" not in err
 
 
+def test_devices_that_all_failed_on_their_own_are_not_said_to_be_stopped():
+    from spantrain.cli.emulate import _the_others
+    from spantrain.runtime.emulator import DeviceResult
+
+    def ended(*stopped: bool) -> list[DeviceResult]:
+        return [DeviceResult(device_id=f"d{k}", rank=k, returncode=7, stdout="", stderr="", seconds=1.0, stopped=s)
+                for k, s in enumerate(stopped)]
+
+    # `sh -c 'exit 7'` everywhere: the same error ended every device; none was stopped
+    assert _the_others(ended(False, False, False), None) == "the other devices ended on their own"
+    assert _the_others(ended(False, True, True), None) == "the other devices were stopped"
+    assert _the_others(ended(False, False, True), None) == "1 of the other 2 were stopped"
+    assert _the_others(ended(False), None) == "it was the only device"
+
+
 def test_a_timeout_exits_124_not_as_bad_input(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
     spec = tmp_path / "c.json"
