@@ -16,7 +16,7 @@ from spantrain.errors import ExecutionError, WorkloadError
 from spantrain.plan import Plan
 from spantrain.workload import Architecture, Workload
 
-__all__ = ["require_arch", "check_run", "resume_state", "cpu_cores"]
+__all__ = ["require_arch", "check_run", "check_memory", "resume_state", "cpu_cores", "available_memory_bytes"]
 
 
 def require_arch(workload: Workload) -> Architecture:
@@ -33,6 +33,44 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can still give out (`MemAvailable`), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(cluster: Cluster, workload: Workload, plan: Plan, *, on_this_machine: bool) -> str | None:
+    """The cost model's memory verdict on a plan, before any process starts.
+
+    A plan the model says does not fit its devices gets a note (returned), not a refusal:
+    the model may be conservative, and the spec's memory is not the CPU's. But when every
+    worker runs on this machine (local and emulated runs) and together they need more than
+    it has available, the run is refused: it would swap the machine to a halt or be killed
+    mid-iteration. Their true need is larger still, since the runtime trains in fp32
+    whatever precision the model assumes."""
+    from spantrain.env.costmodel import CostModel
+
+    est = CostModel(cluster, workload).estimate(plan)
+    if on_this_machine:
+        need = sum(est.peak_memory_gb.values()) * 1e9
+        have = available_memory_bytes()
+        if have is not None and need > have:
+            raise ExecutionError(f"the plan's {len(plan.devices)} workers need about {need / 1e9:.1f} GB together "
+                                 f"(cost model) and this machine has {have / 1e9:.1f} GB available: use a smaller "
+                                 "micro-batch size or model, or run the devices on their own machines (torchrun)")
+    if not est.feasible:
+        more = f" (and {len(est.reasons) - 1} more)" if len(est.reasons) > 1 else ""
+        return (f"the cost model says the plan does not fit: {est.reasons[0]}{more}; on real devices it would "
+                "run out of memory (`spantrain plan` finds one that fits)")
+    return None
 
 
 def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | None) -> None:

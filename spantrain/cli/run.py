@@ -239,7 +239,7 @@ def _default_run_dir(torchrun: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.config import OptimConfig, RunConfig
-    from spantrain.runtime.preflight import check_run, cpu_cores, resume_state
+    from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state
 
     _check_numbers(args)
     _check_paths(args)
@@ -247,6 +247,10 @@ def _run(args: argparse.Namespace) -> int:
     workload = load_model(args)
     plan = _make_plan(args, cluster, workload)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
+    torchrun = under_torchrun()
+    note = check_memory(cluster, workload, plan, on_this_machine=not torchrun)
+    if note:
+        _note(note)
     if args.rank_map:
         from spantrain.runtime.rankmap import ranks_from_file
 
@@ -273,7 +277,6 @@ def _run(args: argparse.Namespace) -> int:
 
     if workload.precision != "fp32":
         _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")
-    torchrun = under_torchrun()
     zb_orders = zb_source = None
     if not torchrun:
         from spantrain.runtime.zb_order import run_orders
@@ -302,6 +305,9 @@ def _run(args: argparse.Namespace) -> int:
         if world > cores and not args.emulate:
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
+        elif args.threads and args.threads > 1 and args.threads * world > cores:
+            _note(f"--threads {args.threads} x {world} workers is {args.threads * world} threads on {cores} CPU "
+                  f"cores: they will wait for each other (leave --threads out for cores / workers)")
         from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()

@@ -241,3 +241,37 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     _wait_for(lambda: not any(_alive(w["pid"]) for w in workers), 10, "the workers to exit")
+
+
+def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process_starts(tmp_path, monkeypatch):
+    from spantrain.runtime import preflight
+
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 1_000_000)  # 1 MB free
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2", "--run-dir",
+                     str(tmp_path / "run"))
+    line = _one_error_line(*spantrain_here(*args))
+    assert line.startswith("spantrain run: error: the plan's 4 workers need about ") and line.endswith(
+        "GB together (cost model) and this machine has 0.0 GB available: use a smaller micro-batch size or model, "
+        "or run the devices on their own machines (torchrun)"), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_too_big_for_its_devices_and_too_many_threads_run_with_notes(tmp_path):
+    from spantrain.runtime.preflight import cpu_cores
+
+    one = plan("gpipe", "allreduce", [(5, 2, [("a-0", 0, 6)])])
+    args = _run_args(tmp_path, one, "--steps", "1", "--threads", "8", "--json", "--run-dir", str(tmp_path / "run"))
+    cluster = tmp_path / "cluster.json"
+    spec = json.loads(cluster.read_text())
+    spec["devices"][0]["memory_gb"] = 0.001  # a-0 and a-1: 1 MB each, less than the model's training state
+    cluster.write_text(json.dumps(spec))
+    code, out, err = spantrain_here(*args)
+    assert code == 0, err
+    assert json.loads(out)["steps"] == 1  # it ran: the cost model may be conservative, the user decides
+    notes = [x for x in err.splitlines() if x.startswith("spantrain run: note: ")]
+    assert any(x.startswith("spantrain run: note: the cost model says the plan does not fit: a-0 needs ") and
+               x.endswith("; on real devices it would run out of memory (`spantrain plan` finds one that fits)")
+               for x in notes), err
+    if cpu_cores() < 8:
+        assert f"spantrain run: note: --threads 8 x 1 workers is 8 threads on {cpu_cores()} CPU cores: they will " \
+               "wait for each other (leave --threads out for cores / workers)" in notes, err
