@@ -31,11 +31,14 @@ def test_the_emulated_cpu_profile_loads():
 
 def test_calibration_files_report_every_problem(tmp_path):
     path = tmp_path / "cal.yaml"
-    path.write_text("calibration: {op_overhead_s: -1, sync_overlap: 3, bogus: 1}\nnote: anything\n")
+    path.write_text("calibration: {op_overhead_s: -1, message_overhead_s: 1.0e+308, sync_overlap: 3, bogus: 1}\n"
+                    "note: anything\n")
     with pytest.raises(SpecError) as e:
         Calibration.from_file(path)
     msg = str(e.value)
-    assert "op_overhead_s must be a finite number >= 0" in msg and "sync_overlap must be true or false" in msg
+    assert "op_overhead_s must be a number from 0 to 1e+30, got -1" in msg and "sync_overlap must be true or false" in msg
+    # past 1e30 the kernels' sums overflowed and `simulate` died in "pipeline order deadlocks"
+    assert "message_overhead_s must be a number from 0 to 1e+30, got 1e+308" in msg
     assert "unknown constant 'bogus'" in msg
     with pytest.raises(SpecError, match="file not found"):
         Calibration.from_file(tmp_path / "missing.yaml")
