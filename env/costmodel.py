@@ -48,7 +48,7 @@ from spantrain.env.kernel import out_size, pack_model, plan_ints, plan_views, sp
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.env.symmetry import device_classes
 from spantrain.errors import PlanError, SpecError
-from spantrain.estimate import Estimate
+from spantrain.estimate import Estimate, memory_reason
 from spantrain.plan import Plan
 from spantrain.workload import MAX_GLOBAL_BATCH, Workload
 
@@ -406,8 +406,7 @@ class CostModel:
             cap = self._capacity
             for name, d, need in zip(names, ints[P + 1:P + 1 + NS].tolist(), mem):
                 if need > cap[d]:
-                    reasons.append(f"{name} needs {need / 1e9:.1f} GB, has {cap[d] / 1e9:.1f} GB "
-                                   f"(short {(need - cap[d]) / 1e9:.1f} GB)")
+                    reasons.append(memory_reason(name, need, cap[d]))
         return _new_estimate(iteration_s=it, samples_per_s=sps, feasible=not reasons, reasons=tuple(reasons),
                              peak_memory_gb=dict(zip(names, [v / 1e9 for v in mem])),
                              bubble_fraction=tuple(head[8::3]), pipeline_s=tuple(head[7::3]),

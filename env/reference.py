@@ -20,7 +20,7 @@ from itertools import accumulate
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.errors import PlanError
-from spantrain.estimate import Estimate
+from spantrain.estimate import Estimate, memory_reason
 from spantrain.plan import Plan
 from spantrain.workload import Workload
 
@@ -450,8 +450,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             dev = cluster.devices[devs[s]]
             peak_gb[dev.id] = need / 1e9
             if need > dev.memory_bytes:
-                reasons.append(f"{dev.id} needs {need / 1e9:.1f} GB, has {dev.memory_bytes / 1e9:.1f} GB "
-                               f"(short {(need - dev.memory_bytes) / 1e9:.1f} GB)")
+                reasons.append(memory_reason(dev.id, need, dev.memory_bytes))
             opt[dev.id] = p * cal.optimizer_bytes_per_param / (dev.flops * cal.memory_bytes_per_flop)
             opt_max = max(opt_max, opt[dev.id])
             tail[dev.id] = cal.iteration_overhead_flops / dev.flops

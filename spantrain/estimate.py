@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Estimate"]
+__all__ = ["Estimate", "memory_reason"]
+
+
+def _gb(n_bytes: float) -> str:
+    """Bytes as GB, with the digits that tell tiny figures apart (0.0012 GB, not 0.0 GB)."""
+    gb = n_bytes / 1e9
+    return f"{gb:.1f} GB" if abs(gb) >= 0.1 or gb == 0 else f"{gb:.2g} GB"
+
+
+def memory_reason(device: str, need_bytes: float, have_bytes: float) -> str:
+    """Why a device cannot hold its stage: an `Estimate.reasons` entry."""
+    return f"{device} needs {_gb(need_bytes)}, has {_gb(have_bytes)} (short {_gb(need_bytes - have_bytes)})"
 
 
 @dataclass(frozen=True, kw_only=True)

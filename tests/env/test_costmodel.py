@@ -277,3 +277,11 @@ def test_arrays_path_equals_plan_path():
                        "zb-h2", "hierarchical")
     assert cm.estimate_arrays(arrays) == cm.estimate(plan)
     assert np.all(np.diff(arrays.pipe_ptr) > 0)
+
+
+def test_a_tiny_shortfall_is_shown_with_its_digits():
+    from spantrain.estimate import memory_reason
+
+    # a 1 MB device short of 1.2 MB read "needs 0.0 GB, has 0.0 GB (short 0.0 GB)"
+    assert memory_reason("a-0", 2.2e6, 1e6) == "a-0 needs 0.0022 GB, has 0.001 GB (short 0.0012 GB)"
+    assert memory_reason("a-0", 16.6e9, 12e9) == "a-0 needs 16.6 GB, has 12.0 GB (short 4.6 GB)"
