@@ -411,6 +411,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     from spantrain.cluster import Cluster
     from spantrain.errors import EmulationError
     from spantrain.runtime.emulator import EmulatedCluster
+    from spantrain.runtime.emulator.options import RUN_OPTIONS
 
     cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
     # Pin rank k to the k-th emulated device: the spec's host records (if any) name other hosts.
@@ -443,7 +444,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
 
     command = [sys.executable, "-m", "spantrain.runtime.emulator.worker", str(config_path)]
     try:
-        with EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note) as emu:
+        with EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note, options=RUN_OPTIONS) as emu:
             for line in emu.describe():
                 note(line)
             results = emu.run(command, echo=False, log_dir=run_dir / "logs", stop_when=stop_when)

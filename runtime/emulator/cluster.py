@@ -35,6 +35,7 @@ from spantrain.runtime import stop_signals
 from spantrain.runtime.emulator import cpu, netns, shaping, state, system
 from spantrain.runtime.emulator.latency import ENV_VAR, Emulation
 from spantrain.runtime.emulator.launch import DeviceProcess, DeviceResult, stop_all, wait_all
+from spantrain.runtime.emulator.options import EMULATE_OPTIONS, Options
 
 __all__ = ["EmulatedCluster", "MODES"]
 
@@ -52,12 +53,13 @@ class EmulatedCluster:
     def __init__(self, cluster: Cluster | str | Path, *, cpus: float | None = None, mode: str = "auto",
                  bandwidth_scale: float | str = 1.0, max_gbps: float = 1.0, cpu_limits: bool = True,
                  master_port: int = 29500, log: Callable[[str], None] = _stderr,
-                 devices: Sequence[str] | None = None):
+                 devices: Sequence[str] | None = None, options: Options = EMULATE_OPTIONS):
         """`devices`: bring up only these devices of `cluster`, in this order (rank k runs
         ``devices[k]``; a training run passes its plan's devices). Their CPU quotas and
         bandwidths stay what emulating the whole cluster gives them (`cpus` is shared by the
         whole cluster), so a device computes at the same speed whichever subset runs, and
-        a profile of the whole cluster describes it."""
+        a profile of the whole cluster describes it. `options`: the caller's flags, which
+        the fixes in errors name."""
         if mode not in MODES:
             raise EmulationError(f"unknown mode {mode!r} (choose {', '.join(MODES)})")
         full = cluster if isinstance(cluster, Cluster) else Cluster.from_file(cluster)
@@ -77,6 +79,7 @@ class EmulatedCluster:
         else:
             self.limits = shaping.RateLimits(scale=float(bandwidth_scale), max_gbps=max_gbps)
         self.want_cpu_limits = cpu_limits
+        self.options = options
         self.master_port = master_port
         self.log = log
         self.names: state.RunNames | None = None
@@ -259,7 +262,7 @@ class EmulatedCluster:
             return "local"
         reason = netns.unavailable_reason()
         if reason is None:
-            shaping.check_rates(self.cluster, self.limits)  # the user's to fix: no reason to fall back
+            shaping.check_rates(self.cluster, self.limits, self.options)  # the user's to fix: no reason to fall back
             try:
                 self._build_namespaces()
                 return "netns"
@@ -296,7 +299,7 @@ class EmulatedCluster:
             self.log(f"emulator: no CPU quotas ({reason}): devices share the cores freely")
             return
         assert self.names is not None
-        cpu.check_shares(self.cluster.ids, self.shares, self.cores)
+        cpu.check_shares(self.cluster.ids, self.shares, self.cores, self.options)
         cpu.create_groups(self.names.cgroup, self.shares)
         self.cpu_limited = True
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spantrain.errors import EmulationError
+from spantrain.runtime.emulator.options import EMULATE_OPTIONS, Options
 
 __all__ = ["CGROUP_CPU", "MIN_PERIOD_US", "MIN_SHARE", "cpu_shares", "check_shares", "period_us",
            "unavailable_reason", "create_groups", "group_pids", "remove_tree"]
@@ -50,17 +51,19 @@ def cpu_shares(tflops: Sequence[float], cores: float) -> list[float]:
     return [float(cores * t / total) for t in tflops]
 
 
-def check_shares(ids: Sequence[str], shares: Sequence[float], cores: float) -> None:
+def check_shares(ids: Sequence[str], shares: Sequence[float], cores: float,
+                 options: Options = EMULATE_OPTIONS) -> None:
     """Refuse shares below `MIN_SHARE`: those devices would get `MIN_SHARE` (up to 19x their share
     on a 4,096-device cluster at 2 cores), so the speed ratios and the one time dilation the
-    emulator reports would be false."""
+    emulator reports would be false. The fix names the caller's `options`."""
     k = min(range(len(shares)), key=shares.__getitem__)
     if shares[k] < MIN_SHARE:
         need = _round_up(cores * MIN_SHARE / shares[k])
         raise EmulationError(f"{cores:g} cores shared in proportion to TFLOP/s leave device {ids[k]} {shares[k]:.2g} "
                              f"cores, below the smallest CPU quota the kernel enforces ({MIN_SHARE:g} cores): give the "
-                             f"cluster at least {need:g} cores (--cpus), or emulate it without CPU quotas "
-                             "(--no-cpu-limits)")
+                             f"cluster at least {need:g} cores ({options.cpus})"
+                             + (f", or emulate it without CPU quotas ({options.no_cpu_limits})"
+                                if options.no_cpu_limits else ""))
 
 
 def _round_up(x: float, digits: int = 3) -> float:

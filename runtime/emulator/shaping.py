@@ -48,6 +48,7 @@ import numpy as np
 from spantrain.cluster import GBPS, Cluster
 from spantrain.errors import EmulationError
 from spantrain.runtime.emulator.netns import region_subnet
+from spantrain.runtime.emulator.options import EMULATE_OPTIONS, Options
 from spantrain.runtime.emulator.system import run
 
 __all__ = ["FRAME_BYTES", "PAYLOAD_BYTES", "MIN_GBPS", "RateLimits", "TcClass", "emulated_gbps", "check_rates",
@@ -108,10 +109,11 @@ MIN_GBPS = 1e-7
 """Slowest goodput shaped (100 bit/s): a pipe's small-packet child, 10 % of it, needs tc's 1 byte/s."""
 
 
-def check_rates(cluster: Cluster, limits: RateLimits) -> None:
+def check_rates(cluster: Cluster, limits: RateLimits, options: Options = EMULATE_OPTIONS) -> None:
     """Refuse a rate the kernel's shaper cannot enforce, naming the slowest; else `tc` failed
-    with 'Command failed -:9', which mode auto took for namespaces being unavailable."""
-    rates = {"--max-gbps": limits.max_gbps}
+    with 'Command failed -:9', which mode auto took for namespaces being unavailable. The fix
+    names the caller's `options`."""
+    rates = {options.max_gbps or "the bandwidth cap": limits.max_gbps}
     for a in cluster.regions:  # every region class is installed, even one whose pairs all have overrides
         for b in cluster.regions:
             rates[f"{a} -> {b}"] = limits.emulate(cluster.network.between(a, b).gbps)
@@ -122,8 +124,9 @@ def check_rates(cluster: Cluster, limits: RateLimits) -> None:
     where, slowest = min(rates.items(), key=lambda kv: kv[1])
     if slowest < MIN_GBPS:
         raise EmulationError(f"{where}: emulated bandwidth {slowest:.3g} Gbit/s is below the {MIN_GBPS:g} Gbit/s "
-                             "(100 bit/s) the kernel's shaper can enforce: raise it (or --bandwidth-scale), or "
-                             "emulate without namespaces (--mode local)")
+                             "(100 bit/s) the kernel's shaper can enforce: raise it"
+                             + (f" (or {options.bandwidth_scale})" if options.bandwidth_scale else "")
+                             + f", or emulate without namespaces ({options.mode} local)")
 
 
 def device_classes(cluster: Cluster, i: int, addrs: list[str], limits: RateLimits) -> list[TcClass]:

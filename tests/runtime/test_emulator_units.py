@@ -22,6 +22,7 @@ from spantrain.cluster import GBPS, Cluster
 from spantrain.errors import EmulationError
 from spantrain.runtime.emulator import cpu, latency, netns, shaping, state
 from spantrain.runtime.emulator.cluster import EmulatedCluster
+from spantrain.runtime.emulator.options import RUN_OPTIONS
 from spantrain.runtime.emulator.state import RunNames, state_dir
 
 SPEC = {
@@ -193,6 +194,24 @@ def test_emulate_refuses_quotas_the_kernel_would_round_up(run_cli, tmp_path, mon
     code, out, err = run_cli("emulate", "-c", spec, "--mode", "local", "--cpus", "0.002", "--", "true")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "device b-0 0.00029 cores" in err and "at least 0.007 cores (--cpus)" in err, err
+
+
+@pytest.mark.skipif(cpu.unavailable_reason() is not None, reason="needs cgroup v1 cpu quotas")
+def test_run_emulate_names_its_own_flags_in_the_fix(tmp_path, monkeypatch):
+    # it named `emulate`'s --cpus and --no-cpu-limits, which `run` does not have
+    from runtime_helpers import ASYMMETRIC, plan, spantrain_here, write_inputs
+
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan",
+                                    str(tmp_path / "plan.json"), "--steps", "1", "--emulate", "--emulate-cpus",
+                                    "0.002", "--run-dir", str(tmp_path / "run"))
+    errors = [x for x in err.splitlines() if "error" in x]
+    assert code == 2 and out == "" and len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].endswith("give the cluster at least 0.004 cores (--emulate-cpus)"), err
+    with pytest.raises(EmulationError, match=r"raise it, or emulate without namespaces \(--emulate-mode local\)$"):
+        shaping.check_rates(Cluster.from_file(cluster), shaping.RateLimits(scale=1e-9), RUN_OPTIONS)
 
 
 def test_interface_names_fit_linux_limit():
