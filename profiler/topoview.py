@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spantrain._spec import plural
 from spantrain.cluster import GBPS, Cluster
 
 __all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps"]
@@ -82,7 +83,7 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
     total_tf = sum(d.tflops for d in cluster.devices)
     total_mem = sum(d.memory_gb for d in cluster.devices)
     out = []
-    t = Table(title=f"{cluster.name}: {len(cluster)} devices in {len(cluster.regions)} regions, "
+    t = Table(title=f"{cluster.name}: {plural(len(cluster), 'device')} in {plural(len(cluster.regions), 'region')}, "
                     f"{total_tf:,.0f} TFLOP/s, {total_mem:,.0f} GB")
     for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
         t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
@@ -222,7 +223,8 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
     note = "line width ~ log bandwidth"
     if cluster.network.default is not None and not cluster.network.links:
         note += f"; one fabric: {format_gbps(cluster.network.default.gbps)}, {cluster.network.default.latency_ms:g} ms"
-    ax.set_title(f"{cluster.name}: {len(cluster)} devices, {len(regions)} regions ({note})", fontsize=10)
+    ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})",
+                 fontsize=10)
     ax.set_aspect("equal")
     ax.autoscale_view()
     if geo:

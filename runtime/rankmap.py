@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spantrain._spec import read_structured
+from spantrain._spec import plural, read_structured
 from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError
 from spantrain.plan import Plan
@@ -150,7 +150,8 @@ def resolve_ranks(plan: Plan, cluster: Cluster, world_size: int, records: Sequen
     """(device -> rank, how it was decided) for a launch of `world_size` processes."""
     used = plan.devices
     if world_size != len(used):
-        raise ExecutionError(f"the plan uses {len(used)} devices but {world_size} processes were started "
+        raise ExecutionError(f"the plan uses {plural(len(used), 'device')} but "
+                             f"{plural(world_size, 'process', 'processes')} started "
                              f"(start exactly one process per plan device)")
     if mapping_file:
         return ranks_from_file(mapping_file, plan), f"mapping file {mapping_file}"

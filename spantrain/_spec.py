@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "require_writable_dir", "check_keys", "positive_number",
-           "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "FIGURE_MIN", "FIGURE_MAX"]
+           "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "plural", "FIGURE_MIN",
+           "FIGURE_MAX"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -189,6 +190,11 @@ def nonempty_str(obj: dict, key: str, where: str, problems: list[str]) -> str | 
         problems.append(f"{where}: {key} must be a non-empty string without spaces, got {value!r}")
         return None
     return value
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """'1 device', '2 devices': a count with its noun, singular for exactly one."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"
 
 
 def fmt_number(x: float) -> float | int:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spantrain._spec import plural
 from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
 from spantrain.runtime import stop_signals
@@ -229,7 +230,7 @@ class EmulatedCluster:
         """Human lines: mode, CPU shares and time dilation, bandwidth scale, clamped pairs."""
         emu = self.emulation
         assert emu is not None
-        lines = [f"emulator: run {emu.run_id}, {len(self.cluster)} devices, mode {self.mode}"
+        lines = [f"emulator: run {emu.run_id}, {plural(len(self.cluster), 'device')}, mode {self.mode}"
                  f"{' (kernel shaping)' if emu.kernel_shaping else ' (no kernel shaping: transport only)'}"]
         if self.cpu_limited:
             total = sum(d.tflops for d in self.cluster.devices)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from spantrain._spec import plural
 from spantrain.cli._common import (
     add_cluster_arg,
     add_json_arg,
@@ -77,7 +78,8 @@ def _print_human(cluster, workload, rows) -> None:
     from rich.table import Table
 
     con = stdout_console()
-    t = Table(title=f"{workload.name} on {cluster.name} ({len(cluster)} devices), global batch {workload.global_batch}",
+    t = Table(title=f"{workload.name} on {cluster.name} ({plural(len(cluster), 'device')}), "
+                    f"global batch {workload.global_batch}",
               title_justify="left")
     for col in ("planner", "samples/s", "iteration s", "vs ddp", "feasible", "plan s"):
         t.add_column(col, justify="left" if col == "planner" else "right")

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+from spantrain._spec import plural
 from spantrain.cli._common import (
     add_cluster_arg,
     add_json_arg,
@@ -195,7 +196,7 @@ def _print_adaptation(a, output: str | None) -> None:
     from rich.table import Table
 
     con = stdout_console()
-    t = Table(title_justify="left", title=f"adapting the running plan: {a.remaining_steps} iterations to go")
+    t = Table(title_justify="left", title=f"adapting the running plan: {plural(a.remaining_steps, 'iteration')} to go")
     for col in ("option", "s/iter", "migration s", "total s", ""):
         t.add_column(col, justify="left" if col in ("option", "") else "right")
     for o in a.options:
@@ -217,7 +218,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
     from rich.table import Table
 
     con = stdout_console()
-    con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({len(cluster)} devices, "
+    con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({plural(len(cluster), 'device')}, "
               f"{len(plan.devices)} used), found in {plan_s:.2f} s"
               + (f" (+ {load_s:.1f} s loading the policy)" if load_s >= 0.05 else ""))
     t = Table(title_justify="left", title=f"{len(plan.pipelines)} pipeline(s), {len(plan.devices)} stage(s)")
@@ -244,7 +245,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
         shown = ", ".join(idle[:12]) + (f", ... ({len(idle)} in all)" if len(idle) > 12 else "")
         con.print(f"idle       {shown}")
     con.print(f"schedule   {plan.schedule}, sync {plan.sync.mode}"
-              + (f" every {plan.sync.period} iterations" if plan.sync.mode == "local-sgd" else ""))
+              + (f" every {plural(plan.sync.period, 'iteration')}" if plan.sync.mode == "local-sgd" else ""))
     note = "" if plan.batch == workload.global_batch else f" (workload's global batch is {workload.global_batch})"
     con.print(f"batch      {plan.batch} samples{note}")
     con.print(f"iteration  {est.iteration_s:.4g} s (slowest pipeline {max(est.pipeline_period_s):.4g} s, "

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spantrain._spec import plural
 from spantrain.cli._common import print_json
 from spantrain.errors import ExecutionError, WorkloadError
 
@@ -112,8 +113,8 @@ def _profile_here(args: argparse.Namespace, workload, *, distributed: bool) -> i
         return 0
     if args.output:
         profile.cluster.save(args.output)
-        _log(f"profile: wrote {args.output} ({len(profile.cluster)} devices, "
-             f"{len(profile.cluster.regions)} network groups)")
+        _log(f"profile: wrote {args.output} ({plural(len(profile.cluster), 'device')}, "
+             f"{plural(len(profile.cluster.regions), 'network group')})")
     if args.result_file:
         Path(args.result_file).write_text(json.dumps({"document": profile.document,
                                                       "spec": profile.cluster.to_spec()}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spantrain._spec import plural
 from spantrain.cli._common import add_json_arg, check_output_file, load_cluster, print_json, stdout_console
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
@@ -41,7 +42,7 @@ def _generate(args: argparse.Namespace) -> int:
     cluster = generate(args.devices, seed=args.seed, profile=args.profile, name=args.name)
     if args.output:
         cluster.save(args.output)
-        print(f"wrote {args.output}: {len(cluster)} devices in {len(cluster.regions)} regions "
+        print(f"wrote {args.output}: {plural(len(cluster), 'device')} in {plural(len(cluster.regions), 'region')} "
               f"({args.profile}, seed {args.seed})", file=sys.stderr)
     else:
         sys.stdout.write(yaml.safe_dump(cluster.to_spec(), sort_keys=False, default_flow_style=None, width=100))

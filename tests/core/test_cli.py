@@ -175,6 +175,14 @@ def test_plot_of_devices_without_a_gpu_label_is_clean(run_cli, tmp_path, demo_sp
     assert code == 0 and err == "" and png.stat().st_size > 10_000
 
 
+def test_counts_of_one_are_singular(run_cli, tmp_path):
+    # a 1-device spec read "1 devices in 1 regions"
+    spec = {"name": "solo", "devices": [{"id": "gpu", "region": "r", "tflops": 10, "memory_gb": 8}],
+            "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}}
+    code, out, _ = run_cli("topo", "show", _write(tmp_path, spec))
+    assert code == 0 and "solo: 1 device in 1 region," in out
+
+
 def test_real_process_prints_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "spantrain", "topo", "show", str(tmp_path / "x.yaml")],
                             capture_output=True, text=True)

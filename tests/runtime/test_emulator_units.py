@@ -237,6 +237,13 @@ def test_fallback_without_root_runs_plain_processes(cluster, tmp_path, monkeypat
     assert not any((tmp_path / "state").iterdir())  # run directory removed
 
 
+def test_description_of_one_device_is_singular(cluster, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    with EmulatedCluster(cluster, devices=["b-0"], log=lambda line: None) as emu:
+        assert ", 1 device, mode local" in emu.describe()[0]
+
+
 _NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
