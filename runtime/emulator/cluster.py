@@ -238,8 +238,9 @@ class EmulatedCluster:
                          f"{self.cores_per_tflops:.4g} cores per TFLOP/s (periods {min(self.period_us) / 1e3:g}-"
                          f"{max(self.period_us) / 1e3:g} ms); every device "
                          f"is slowed by the same factor, spec-seconds = real-seconds x (real TFLOP/s / spec TFLOP/s)")
-        else:
-            lines.append("emulator: no CPU quotas (devices share the machine's cores freely)")
+        elif not self.want_cpu_limits:
+            lines.append("emulator: no CPU quotas (turned off): devices share the machine's cores freely")
+        # else set-up already said why there are no quotas: once is enough
         spec = np.array(emu.spec_gbps, dtype=float)
         emulated = np.array(emu.emulated_gbps, dtype=float)
         off = ~np.eye(len(spec), dtype=bool)

@@ -244,6 +244,17 @@ def test_description_of_one_device_is_singular(cluster, tmp_path, monkeypatch):
         assert ", 1 device, mode local" in emu.describe()[0]
 
 
+def test_missing_cpu_quotas_are_reported_once(cluster, tmp_path, monkeypatch):
+    # set-up said "no CPU quotas (not running as root)", then the description said it again
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    said: list[str] = []
+    with EmulatedCluster(cluster, log=said.append) as emu:
+        said += emu.describe()
+    quotas = [line for line in said if "no CPU quotas" in line]
+    assert len(quotas) == 1 and "not running as root" in quotas[0]
+
+
 _NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
