@@ -45,12 +45,14 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
-    if args.planners:
+    if args.planners is not None:  # `--planners ""` is a mistake, not a request for the default list
         names = [n.strip() for n in args.planners.split(",") if n.strip()]
+        available = f"(available: {', '.join(available_planners())})"
+        if not names:
+            raise PlannerError(f"--planners is empty: give planner names, comma-separated {available}")
         unknown = [n for n in names if n not in available_planners()]
-        if unknown or not names:
-            raise PlannerError(f"unknown planner(s) {', '.join(unknown) or '(none given)'} "
-                               f"(available: {', '.join(available_planners())})")
+        if unknown:
+            raise PlannerError(f"unknown planner(s) {', '.join(unknown)} {available}")
     else:
         names = default_planners(cluster)
     options = {name: planner_options(name, args, strict=False) for name in names}

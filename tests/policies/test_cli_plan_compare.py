@@ -172,6 +172,14 @@ def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
     _one_line_error(code, out, err, "unknown planner(s) x")
 
 
+@pytest.mark.parametrize("planners", ["", " , "])
+def test_compare_empty_planner_list_exits_2(run_cli, cluster_file, planners):
+    # an empty --planners ran every planner
+    code, out, err = run_cli("compare", "--cluster", cluster_file, "--model", "gpt2-small", "--planners", planners)
+    _one_line_error(code, out, err, "--planners is empty: give planner names, comma-separated (available: ")
+    assert "heuristic" in err
+
+
 @pytest.mark.parametrize("args, needle", [
     # an option no compared planner takes is refused, as `plan` refuses it
     (["--planners", "heuristic", "--budget-s", "2"], "--budget-s is not an option of planner 'heuristic'"),
