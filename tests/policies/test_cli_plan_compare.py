@@ -165,6 +165,8 @@ def test_compare_default_list_and_human_table(run_cli, tmp_path):
     assert code == 0, err
     row = json.loads(out)["planners"]["exhaustive"]
     assert row["feasible"] is False and "at most 8" in row["reason"] and row["plan"] is None
+    # the advice named `plan`'s --planner, a flag compare does not have
+    assert "--planner " not in row["reason"] and "leave exhaustive out of --planners" in row["reason"]
 
 
 def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
