@@ -45,6 +45,19 @@ def load_model(args: argparse.Namespace):
     return load_workload(args.model, global_batch=gb)
 
 
+def load_plan(path: str, cluster, workload):
+    """A plan file checked against the cluster and model; a mismatch names the file (a user
+    with several plans must tell which one was made for another cluster or model)."""
+    from spantrain.errors import PlanError
+    from spantrain.plan import Plan
+
+    plan = Plan.from_file(path)  # its own errors name the file already
+    try:
+        return plan.validate(cluster, workload)
+    except PlanError as e:
+        raise PlanError(f"plan {path}: {e}") from None
+
+
 def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False) -> None:
     """An output directory option: refused in one line (`SpantrainError`) when a file is in
     its place, or, with `create`, when it cannot be made (no permission, a file above it);

@@ -26,6 +26,7 @@ from spantrain.cli._common import (
     check_dir_option,
     load_cluster,
     load_model,
+    load_plan,
     print_json,
 )
 from spantrain.errors import ExecutionError, SpantrainError
@@ -217,10 +218,9 @@ def _check_metrics_dir(path: str) -> None:
 
 def _make_plan(args: argparse.Namespace, cluster, workload):
     from spantrain.errors import PlanError
-    from spantrain.plan import Plan
 
     if args.plan:
-        plan = Plan.from_file(args.plan)
+        plan = load_plan(args.plan, cluster, workload)
         if args.global_batch is not None and plan.batch != args.global_batch:
             # the plan fixes the batch it trains; without --global-batch it trains it as it is
             raise PlanError(f"--global-batch {args.global_batch} but plan {args.plan} trains {plan.batch} samples "

@@ -10,6 +10,7 @@ from spantrain.cli._common import (
     add_model_args,
     load_cluster,
     load_model,
+    load_plan,
     print_json,
     stdout_console,
 )
@@ -49,13 +50,12 @@ def _stage_rows(model, plan, stage_out):
 
 def run(args: argparse.Namespace) -> int:
     from spantrain.env.costmodel import CostModel
-    from spantrain.plan import Plan
 
     if args.timeline:
         check_figure_path(args.timeline, "--timeline")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
-    plan = Plan.from_file(args.plan)
+    plan = load_plan(args.plan, cluster, workload)
     calibration = None
     if args.calibration:
         from spantrain.env.calibration import Calibration

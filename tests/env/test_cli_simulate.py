@@ -62,6 +62,7 @@ def test_bad_plan_exits_2_with_one_line(files, run_cli, mutate):
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("spantrain simulate: error:")
     assert "Traceback" not in err
+    assert str(path) in err  # a plan for another cluster or model did not say which file it was
 
 
 def test_timeline_png(files, run_cli):

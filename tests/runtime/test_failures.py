@@ -38,6 +38,7 @@ def test_invalid_plan_is_refused_before_any_process_starts(tmp_path):
     proc = spantrain(*_run_args(tmp_path, bad, "--steps", "2", "--run-dir", str(tmp_path / "run")), timeout=60)
     line = _one_error_line(proc.returncode, proc.stdout, proc.stderr)
     assert "unknown device 'nope'" in line and "layers [2, 3) are not covered" in line
+    assert f"plan {tmp_path / 'plan.json'}: " in line  # the user may have several plan files
     assert not (tmp_path / "run").exists()  # nothing was launched
 
 
