@@ -40,7 +40,8 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="samples per timed micro-batch (default: the workload's global batch / 8)")
     p.add_argument("--budget-s", type=float, default=60.0, metavar="S",
                    help="wall-time budget from launch, start-up included (default 60)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the measured cluster spec here (.yaml or .json)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the measured cluster spec here: JSON if FILE ends in .json, else YAML")
     p.add_argument("--name", default="profiled", help="name of the written spec (default 'profiled')")
     p.add_argument("--json", action="store_true",
                    help='print {"devices": [...], "pairs": [...], "groups": [...]} on stdout and nothing else')

@@ -19,7 +19,8 @@ def register(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", choices=("cee", "geo", "datacenter"), default="cee",
                    help="cloud/edge/end tiers, geo-distributed cities, or one data centre (default cee)")
     g.add_argument("--name", help="cluster name (default PROFILE-N-sSEED)")
-    g.add_argument("-o", "--output", metavar="FILE", help="spec file to write (.yaml or .json); stdout if absent")
+    g.add_argument("-o", "--output", metavar="FILE", help="spec file to write: JSON if FILE ends in .json, else YAML "
+                                                               "(stdout if absent)")
     g.set_defaults(func=_generate)
 
     s = sub.add_parser("show", help="print a cluster spec as tables, optionally plot it",

@@ -248,3 +248,15 @@ def test_generated_flags_show_defaults_as_they_are_typed(run_cli):
     text = " ".join(out.split())
     assert code == 0 and "(default: None)" not in text
     assert "(default: gpt2-medium,gpt2-xl,llama2-7b)" in text and "(default: 25000)" in text
+
+
+@pytest.mark.parametrize("command", [("topo", "generate"), ("profile",)])
+def test_spec_output_help_says_how_the_format_is_picked(run_cli, tmp_path, command):
+    # the help said "(.yaml or .json)", yet any other name is written (and read back) as YAML
+    code, out, _ = run_cli(*command, "--help")
+    assert code == 0 and "JSON if FILE ends in .json, else YAML" in " ".join(out.split())
+    if command == ("topo", "generate"):
+        spec = tmp_path / "c.txt"
+        assert run_cli("topo", "generate", "--devices", "4", "-o", spec)[0] == 0
+        assert yaml.safe_load(spec.read_text())["name"] == "cee-4-s0"
+        assert run_cli("topo", "show", spec, "--json")[0] == 0
