@@ -12,7 +12,10 @@ import json
 import math
 import os
 import re
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +94,34 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def _replace_file(path: Path, text: str) -> None:
     """Write a temporary file beside `path`, then rename it over `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with _ctrl_c_deferred():
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C during the block takes effect when it ends, as it would have.
+
+    `topo`, `plan` and the like quit on Ctrl-C with os._exit (`spantrain._interrupt`), which
+    runs no `finally`: a Ctrl-C mid-write left the temporary file behind. Python runs signal
+    handlers in the main thread only, so elsewhere there is nothing to defer."""
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or handler in (None, signal.SIG_IGN):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        yield
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        signal.signal(signal.SIGINT, handler)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 def require_writable_dir(path: str | Path, option: str, error: type[Exception],

@@ -260,3 +260,23 @@ def test_spec_output_help_says_how_the_format_is_picked(run_cli, tmp_path, comma
         assert run_cli("topo", "generate", "--devices", "4", "-o", spec)[0] == 0
         assert yaml.safe_load(spec.read_text())["name"] == "cee-4-s0"
         assert run_cli("topo", "show", spec, "--json")[0] == 0
+
+
+def test_ctrl_c_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
+    # topo quits on Ctrl-C with os._exit, which runs no `finally`: a Ctrl-C while -o was being
+    # written left .c.yaml.PID.tmp beside it. Here the Ctrl-C comes as the temporary file is written.
+    script = ("import os, pathlib, signal, sys\n"
+              "from spantrain.__main__ import run\n"
+              "write = pathlib.Path.write_text\n"
+              "def interrupted(self, *a, **k):\n"
+              "    n = write(self, *a, **k)\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    return n\n"
+              "pathlib.Path.write_text = interrupted\n"
+              "sys.argv[1:] = ['topo', 'generate', '--devices', '4', '-o', sys.argv[1]]\n"
+              "raise SystemExit(run())\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "c.yaml")], capture_output=True,
+                            text=True, preexec_fn=_default_sigint, timeout=120)
+    assert result.returncode == 130 and "interrupted" in result.stderr, result.stderr
+    assert [p.name for p in tmp_path.iterdir() if p.name != "c.yaml"] == []
+    assert yaml.safe_load((tmp_path / "c.yaml").read_text())["name"] == "cee-4-s0"  # whole: Ctrl-C waited
