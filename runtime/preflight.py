@@ -57,14 +57,15 @@ def check_memory(cluster: Cluster, workload: Workload, plan: Plan, *, on_this_ma
     mid-iteration. Their true need is larger still, since the runtime trains in fp32
     whatever precision the model assumes."""
     from spantrain.env.costmodel import CostModel
+    from spantrain.estimate import fmt_memory
 
     est = CostModel(cluster, workload).estimate(plan)
     if on_this_machine:
         need = sum(est.peak_memory_gb.values()) * 1e9
         have = available_memory_bytes()
         if have is not None and need > have:
-            raise ExecutionError(f"the plan's {len(plan.devices)} workers need about {need / 1e9:.1f} GB together "
-                                 f"(cost model) and this machine has {have / 1e9:.1f} GB available: use a smaller "
+            raise ExecutionError(f"the plan's {len(plan.devices)} workers need about {fmt_memory(need)} together "
+                                 f"(cost model) and this machine has {fmt_memory(have)} available: use a smaller "
                                  "micro-batch size or model, or run the devices on their own machines (torchrun)")
     if not est.feasible:
         more = f" (and {len(est.reasons) - 1} more)" if len(est.reasons) > 1 else ""

@@ -5,18 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Estimate", "memory_reason"]
+__all__ = ["Estimate", "memory_reason", "fmt_memory"]
 
 
-def _gb(n_bytes: float) -> str:
-    """Bytes as GB, with the digits that tell tiny figures apart (0.0012 GB, not 0.0 GB)."""
-    gb = n_bytes / 1e9
-    return f"{gb:.1f} GB" if abs(gb) >= 0.1 or gb == 0 else f"{gb:.2g} GB"
+def fmt_memory(n_bytes: float) -> str:
+    """Bytes for a message: GB to one decimal, below 0.1 GB in MB to three digits (1.2 MB, not
+    0.0 GB, so tiny figures stay apart)."""
+    if n_bytes == 0 or abs(n_bytes) >= 1e8:
+        return f"{n_bytes / 1e9:.1f} GB"
+    return f"{n_bytes / 1e6:.3g} MB"
 
 
 def memory_reason(device: str, need_bytes: float, have_bytes: float) -> str:
     """Why a device cannot hold its stage: an `Estimate.reasons` entry."""
-    return f"{device} needs {_gb(need_bytes)}, has {_gb(have_bytes)} (short {_gb(need_bytes - have_bytes)})"
+    return (f"{device} needs {fmt_memory(need_bytes)}, has {fmt_memory(have_bytes)} "
+            f"(short {fmt_memory(need_bytes - have_bytes)})")
 
 
 @dataclass(frozen=True, kw_only=True)

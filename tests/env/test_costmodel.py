@@ -283,5 +283,6 @@ def test_a_tiny_shortfall_is_shown_with_its_digits():
     from spantrain.estimate import memory_reason
 
     # a 1 MB device short of 1.2 MB read "needs 0.0 GB, has 0.0 GB (short 0.0 GB)"
-    assert memory_reason("a-0", 2.2e6, 1e6) == "a-0 needs 0.0022 GB, has 0.001 GB (short 0.0012 GB)"
+    assert memory_reason("a-0", 2.2e6, 1e6) == "a-0 needs 2.2 MB, has 1 MB (short 1.2 MB)"
+    assert memory_reason("a-0", 1.2e8, 9.99e7) == "a-0 needs 0.1 GB, has 99.9 MB (short 20.1 MB)"
     assert memory_reason("a-0", 16.6e9, 12e9) == "a-0 needs 16.6 GB, has 12.0 GB (short 4.6 GB)"

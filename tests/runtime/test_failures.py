@@ -252,7 +252,7 @@ def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process
                      str(tmp_path / "run"))
     line = _one_error_line(*spantrain_here(*args))
     assert line.startswith("spantrain run: error: the plan's 4 workers need about ") and line.endswith(
-        "GB together (cost model) and this machine has 0.0 GB available: use a smaller micro-batch size or model, "
+        " together (cost model) and this machine has 1 MB available: use a smaller micro-batch size or model, "
         "or run the devices on their own machines (torchrun)"), line
     assert not (tmp_path / "run").exists()
 
