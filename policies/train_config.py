@@ -14,10 +14,10 @@ __all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED", "MAX_WORKERS"]
 ATTENTION_HEADS = 4
 """Attention heads of every encoder layer (`GraphPolicyNet`'s default), which split `hidden`."""
 MAX_SEED = 2**32 - 1
+"""Largest seed (NumPy's legacy seeding, which SB3 uses, takes 32 bits)."""
 MAX_WORKERS = 256
 """Most processes for the heuristic starts: each holds its own Python, NumPy and cost
 model, so thousands would exhaust memory long before they helped."""
-"""Largest seed (NumPy's legacy seeding, which SB3 uses, takes 32 bits)."""
 
 
 def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool]) -> None:

@@ -31,7 +31,8 @@ from spantrain.errors import SpantrainError
 from spantrain.policies.train_config import TrainConfig
 from spantrain.profiler.topology import generate
 
-__all__ = ["TrainConfig", "TrainingInterrupted", "train", "evaluate_policy", "held_out_config"]
+__all__ = ["TrainConfig", "TrainingInterrupted", "train", "evaluate_policy", "held_out_config", "FINAL_EVAL_COLUMNS",
+           "POLICY_ARTIFACT"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -49,8 +50,8 @@ FINAL_EVAL_COLUMNS = ("profile", "devices", "seed", "model", "batch_scale", "kin
 plan or adapt, the start's and the policy's predicted iteration seconds, their effective
 throughput ratio and the policy's planning seconds."""
 POLICY_ARTIFACT = "ppo-policy"
-"""The W&B artifact (type model) whose versions are a run's policy files, tagged
-``step-<N>``, ``final`` and ``best``."""
+"""The W&B artifact (type model) whose versions are a run's policy files: the checkpoints
+tagged ``step-<N>``, the final policy ``final``, the best ``best``."""
 
 EVAL_SEED_RANGE = (1_000_000, 2_000_000)
 """Cluster seeds of held-out evaluation scenarios (training draws from EnvConfig.seed_range)."""
@@ -332,7 +333,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         tracker.log_table("eval/final", list(FINAL_EVAL_COLUMNS), final["rows"])
         tracker.log_artifact(policy_path, name=POLICY_ARTIFACT, type="model",
-                             aliases=["final", f"step-{model.num_timesteps}"], metadata=meta["final_eval"])
+                             aliases=["final"], metadata=meta["final_eval"])
         tracker.log_artifact(best["policy"], name=POLICY_ARTIFACT, type="model", aliases=["best"],
                              metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]})
         plot = _plot_curve(curve, out / "sample_efficiency.png")

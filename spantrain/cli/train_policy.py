@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"held-out (heuristic plans to improve, and to adapt to a network change): effective throughput "
           f"vs the start median {final['median_ratio']:.4f}, geomean {final['geomean_ratio']:.4f} (planning "
           f"{final['planning_geomean']:.4f}, adaptation {final['adaptation_geomean']:.4f}), >= 1% better on "
-          f"{final['better_1pct']:.0%} of {final['cases']} cases (each in {summary['final_rows']})", file=out)
+          f"{final['better_1pct']:.0%} of {final['cases']} cases (one row each in {summary['final_rows']})", file=out)
     best = summary["best"]
     print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
           f"{best['policy']}{' (shipped)' if args.ship else ''}", file=out)

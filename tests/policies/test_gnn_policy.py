@@ -117,7 +117,7 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
     # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
     assert versions == [(f"policy-{s}.pt", [f"step-{s}"]) for s in (0, 48, 96)] + [
-        ("ppo-policy.pt", ["final", "step-96"]), ("best-policy.pt", ["best"])]
+        ("ppo-policy.pt", ["final"]), ("best-policy.pt", ["best"])]
     assert (tmp_path / "run" / "final_eval.csv").read_text().count("\n") == 1 + summary["final"]["cases"]
     # wandb is silenced, so training says where its run is: at the start, and in the summary
     run_dir = next((tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*"))
@@ -269,7 +269,7 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     assert "trained in" not in err and "held-out" not in err, err
     # untracked, the final evaluation's cases are still kept: one row each, named in the summary
     rows = tmp_path / "run" / "final_eval.csv"
-    assert lines[1].endswith(f" cases (each in {rows})")
+    assert lines[1].endswith(f" cases (one row each in {rows})")
     header, *cases = rows.read_text().splitlines()
     assert header.startswith("profile,devices,seed,model,") and f" of {len(cases)} cases " in lines[1]
     assert shipped.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
