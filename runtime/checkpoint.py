@@ -110,14 +110,13 @@ def restore_rng(path: Path, state: dict[str, Any]) -> None:
     failing on it with torch's own error was reported with "continue with --resume", from the
     checkpoint that had just failed."""
     import base64
-    import binascii
 
     import torch
 
     try:
         raw = base64.b64decode(state["rng_state"], validate=True)
         torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-    except (binascii.Error, ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError) as e:  # binascii.Error is a ValueError
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid 'rng_state' ({reason}); "
                              f"{damaged(path)}") from None
