@@ -126,7 +126,7 @@ def check_rates(cluster: Cluster, limits: RateLimits, options: Options = EMULATE
         raise EmulationError(f"{where}: emulated bandwidth {slowest:.3g} Gbit/s is below the {MIN_GBPS:g} Gbit/s "
                              "(100 bit/s) the kernel's shaper can enforce: raise it"
                              + (f" (or {options.bandwidth_scale})" if options.bandwidth_scale else "")
-                             + f", or emulate without namespaces ({options.mode} local)")
+                             + (f", or emulate without namespaces ({options.mode} local)" if options.mode else ""))
 
 
 def device_classes(cluster: Cluster, i: int, addrs: list[str], limits: RateLimits) -> list[TcClass]:

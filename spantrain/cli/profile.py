@@ -143,6 +143,7 @@ def _profile_emulated(args: argparse.Namespace) -> int:
     from spantrain.profiler.accuracy import accuracy_lines
     from spantrain.profiler.runner import process_start
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
+    from spantrain.runtime.emulator.options import PROFILE_OPTIONS
 
     # The budget covers everything from this command's start: set-up, start-up, teardown.
     deadline = process_start() + args.budget_s
@@ -151,7 +152,7 @@ def _profile_emulated(args: argparse.Namespace) -> int:
         result = Path(tmp) / "result.json"
         # The devices write into `tmp`: it must be reachable from inside the namespaces (same filesystem).
         os.chmod(tmp, 0o755)
-        with EmulatedCluster(args.cluster, cpus=args.cpus) as emu:
+        with EmulatedCluster(args.cluster, cpus=args.cpus, options=PROFILE_OPTIONS) as emu:
             for line in emu.describe():
                 _log(line)
             results = emu.run(_child_argv(args, result, output, deadline), timeout_s=max(120.0, 4 * args.budget_s))

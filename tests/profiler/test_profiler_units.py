@@ -157,3 +157,29 @@ def test_a_workload_without_architecture_is_refused_in_one_line(run_cli, tmp_pat
                  "forward_flops: 1000000, params: 10, boundary_bytes: 64, activation_bytes: 64}\n")
     code, out, err = run_cli("profile", "--model", str(w), "--budget-s", "5")
     assert code == 2 and out == "" and "has no architecture" in err and len(err.strip().splitlines()) == 1
+
+
+_THREE = {"name": "three",
+          "devices": [{"id": "a", "count": 2, "region": "ra", "tflops": 30, "memory_gb": 8},
+                      {"id": "b-0", "region": "rb", "tflops": 10, "memory_gb": 4}],
+          "network": {"regions": {"ra": {"gbps": 0.2, "latency_ms": 2}, "rb": {"gbps": 0.1, "latency_ms": 3}},
+                      "links": [{"between": ["ra", "rb"], "gbps": 0.02, "latency_ms": 20}]}}
+
+
+def test_profile_cluster_errors_name_only_profiles_own_flags(run_cli, tmp_path, monkeypatch):
+    # they named emulate's --no-cpu-limits and --mode (which argparse took for profile's --model)
+    from spantrain.errors import EmulationError
+    from spantrain.runtime.emulator import cpu, shaping
+    from spantrain.runtime.emulator.options import PROFILE_OPTIONS
+
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(_THREE))
+    with pytest.raises(EmulationError, match=r"below the 1e-07 Gbit/s \(100 bit/s\) the kernel's shaper can "
+                                             r"enforce: raise it$"):
+        shaping.check_rates(Cluster.from_file(spec), shaping.RateLimits(scale=1e-9), PROFILE_OPTIONS)
+    if cpu.unavailable_reason() is not None:
+        pytest.skip(f"needs cgroup v1 cpu quotas: {cpu.unavailable_reason()}")
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    code, out, err = run_cli("profile", "--cluster", spec, "--cpus", "0.002", "--budget-s", "5")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("give the cluster at least 0.007 cores (--cpus)"), err
