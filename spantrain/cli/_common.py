@@ -78,17 +78,30 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
 
 def check_output_file(path: str, option: str, fix: str = "give a file name") -> None:
     """An output file option, refused in one line (`SpantrainError`) before any work when it
-    cannot be written as given: a directory, or a parent directory that does not exist (it is
-    not created) or is not one. Checked after the work, a plan minutes in the making was lost
-    to a late "No such file or directory"."""
+    cannot be written as given: a directory, a parent directory that does not exist (it is not
+    created) or is not one, or one this user cannot create a file in (read-only, /proc). An
+    existing device or pipe (``-o /dev/null``) passes: it is written into as it is. Checked
+    after the work, a plan minutes in the making was lost to a late "No such file or
+    directory"."""
+    import tempfile
+
     from spantrain.errors import SpantrainError
 
     p = Path(path)
     if p.is_dir():
         raise SpantrainError(f"{option} {path}: is a directory; {fix}")
+    if p.exists() and not p.is_file():
+        return  # a device or a pipe: written into as it is
     if not p.parent.is_dir():
         what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
         raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")
+    parent = Path(os.path.realpath(p)).parent  # where the file is written: a symlink's target's directory
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise SpantrainError(f"{option} {path}: cannot create a file in {str(parent)!r} ({e.strerror or e}); "
+                             "pass a path in a directory this user can write") from None
 
 
 def print_json(obj: Any) -> None:

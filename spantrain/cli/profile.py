@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from spantrain._spec import plural
-from spantrain.cli._common import print_json
+from spantrain.cli._common import check_output_file, print_json
 from spantrain.errors import ExecutionError, WorkloadError
 
 MAX_BUDGET_S = 86400.0
@@ -66,26 +66,8 @@ def _check(args: argparse.Namespace) -> None:
         raise WorkloadError(f"--micro-batch must be a positive integer, got {args.micro_batch}")
     if args.cpus is not None and not args.cluster:
         raise WorkloadError("--cpus only applies with --cluster")
-    _check_output(args.output)
-
-
-def _check_output(output: str | None) -> None:
-    """-o is written only after the whole profile (a minute by default, the emulated cluster's
-    set-up included): a path that cannot be written is refused before any of it."""
-    if not output:
-        return
-    path = Path(output)
-    if path.is_dir():
-        raise WorkloadError(f"-o {output} is a directory: pass a file path (.yaml or .json)")
-    if path.exists() and not path.is_file():
-        return  # a device or a pipe (-o /dev/null): written into as it is
-    parent = Path(os.path.realpath(path)).parent
-    try:
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as e:
-        raise WorkloadError(f"-o {output} cannot be written ({e.strerror or e}): pass a path in a directory this "
-                            "user can write") from None
+    if args.output:  # written after the whole profile (a minute by default): refused before any of it
+        check_output_file(args.output, "-o")
 
 
 def _run(args: argparse.Namespace) -> int:

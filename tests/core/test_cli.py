@@ -109,6 +109,10 @@ def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
     _one_line_error(code, out, err, f"-o {tmp_path}: is a directory; give a file name")
     code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", ".")
     _one_line_error(code, out, err, "-o .: is a directory; give a file name")
+    # a directory no file can be created in: it failed after generating, "No such file or directory"
+    code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", "/proc/x.yaml")
+    _one_line_error(code, out, err, "-o /proc/x.yaml: cannot create a file in '/proc' (")
+    assert "pass a path in a directory this user can write" in err, err
 
 
 def test_output_into_a_pipe_or_symlink_writes_what_it_names(run_cli, tmp_path):
@@ -134,6 +138,18 @@ def test_output_into_a_pipe_or_symlink_writes_what_it_names(run_cli, tmp_path):
     assert code == 0, err
     assert link.is_symlink() and yaml.safe_load(target.read_text())["name"] == "cee-4-s0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.yaml", "link.yaml", "real.yaml"]
+
+
+def test_output_into_a_device_is_not_probed(run_cli, monkeypatch):
+    # -o /dev/null is written into as it is: whether a new file could be made beside it does not matter
+    import tempfile
+
+    def no_new_files(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_new_files)
+    code, out, err = run_cli("topo", "generate", "--devices", "4", "-o", "/dev/null")
+    assert code == 0 and out == "", err
 
 
 def test_non_utf8_inputs_are_one_line_errors(run_cli, tmp_path, demo_spec):

@@ -125,6 +125,10 @@ def test_plan_refuses_an_unwritable_output_before_planning(run_cli, cluster_file
     _one_line_error(code, stdout, err, f"-o {out}: '{out.parent}' does not exist (create it first)")
     code, stdout, err = run_cli("plan", "-c", cluster_file, "-m", "tiny-gpt", "--planner", "heuristic", "-o", tmp_path)
     _one_line_error(code, stdout, err, f"-o {tmp_path}: is a directory; give a file name")
+    # a directory that exists but takes no new file: planned, then "No such file or directory"
+    code, stdout, err = run_cli("plan", "-c", cluster_file, "-m", "tiny-gpt", "--planner", "heuristic", "-o",
+                                "/proc/plan.json")
+    _one_line_error(code, stdout, err, "-o /proc/plan.json: cannot create a file in '/proc' (")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
 
 

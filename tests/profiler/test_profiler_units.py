@@ -141,14 +141,15 @@ def test_cli_input_errors_are_one_line(run_cli):
 
 def test_an_output_path_that_cannot_be_written_is_refused_before_profiling(run_cli, tmp_path):
     (tmp_path / "file").write_text("")
-    for output, needle in [(tmp_path / "file" / "p.yaml", "cannot be written (Not a directory)"),
-                           (tmp_path / "missing" / "p.yaml", "cannot be written (No such file or directory)"),
-                           (tmp_path, "is a directory")]:
+    for output, needle in [(tmp_path / "file" / "p.yaml", f"'{tmp_path / 'file'}' is not a directory"),
+                           (tmp_path / "missing" / "p.yaml", f"'{tmp_path / 'missing'}' does not exist"),
+                           ("/proc/p.yaml", "cannot create a file in '/proc' ("),
+                           (tmp_path, "is a directory; give a file name")]:
         code, out, err = run_cli("profile", "--budget-s", "3", "-o", output)
         # one line, and no measurement before it (the whole budget was spent before the write failed)
         lines = err.strip().splitlines()
         assert code == 2 and out == "" and len(lines) == 1, err
-        assert lines[0].startswith(f"spantrain profile: error: -o {output} {needle}"), err
+        assert lines[0].startswith(f"spantrain profile: error: -o {output}: {needle}"), err
 
 
 def test_a_workload_without_architecture_is_refused_in_one_line(run_cli, tmp_path):
