@@ -7,10 +7,23 @@ the emulation file). The state file is written *before* anything else is created
 any moment every ``spt-<id>-*`` object either belongs to a live owner or is a leftover of
 a crashed one (a SIGKILL, a power cut): `sweep_leftovers` removes the latter at the next
 start and leaves other live emulators alone.
+
+Namespaces and cgroups are the machine's, not a state directory's, and root's runs may
+use different state directories (``SPANTRAIN_EMULATOR_DIR``; the tests set one per
+test). So a root run also claims its id in one system-wide register, `REGISTRY`
+(``/run/spantrain-emulator/<id>.json``, the same pid and start time), before it creates
+anything: ids are unique on the machine, and whether a namespace or cgroup is a
+leftover is decided there, whatever state directory its owner used. An object whose id
+has no entry, or an entry whose owner is dead, is a leftover; the entry goes last, when
+its run's teardown ends. (Looking only in the caller's state directory, a root run took
+every other directory's live runs for leftovers and killed their devices.) The run
+directory of a dead run in another state directory stays until a run there sweeps it.
+Other users make neither namespaces nor cgroups: they sweep their own state directory only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,6 +40,10 @@ __all__ = ["PREFIX", "state_dir", "RunNames", "new_run", "live_run_ids", "teardo
            "sweep_leftovers"]
 
 PREFIX = "spt"
+REGISTRY = Path("/run/spantrain-emulator")
+"""Root's system-wide register of runs, one ``<id>.json`` each (module docstring)."""
+_NETNS_RUN = Path("/run/netns")
+"""Where `ip netns` keeps its named namespaces."""
 _RUN_ID = re.compile(rf"^{PREFIX}-([0-9a-f]{{4}})-")
 
 
@@ -83,42 +100,96 @@ def _start_time(pid: int) -> str | None:
 def new_run() -> RunNames:
     """A fresh run id, registered to this process before anything is created."""
     base = state_dir()
+    owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
     for _ in range(100):
         names = RunNames(secrets.token_hex(2))
+        if os.geteuid() == 0 and not _claim(names.run_id, {"run_id": names.run_id, **owner, "state_dir": str(base)}):
+            continue
         try:
             base.mkdir(parents=True, exist_ok=True)
             names.run_dir.mkdir()
         except FileExistsError:
+            _release(names.run_id)
             if not base.is_dir():
                 raise EmulationError(f"{base} is not a directory: set SPANTRAIN_EMULATOR_DIR to one") from None
             continue
         except OSError as e:
+            _release(names.run_id)
             raise EmulationError(f"cannot register a run in {base} ({e.strerror or e}): set SPANTRAIN_EMULATOR_DIR "
                                  "to a directory this user can write") from None
-        state = {"run_id": names.run_id, "pid": os.getpid(), "start": _start_time(os.getpid())}
-        (names.run_dir / "state.json").write_text(json.dumps(state) + "\n")
+        (names.run_dir / "state.json").write_text(json.dumps({"run_id": names.run_id, **owner}) + "\n")
         return names
     raise EmulationError(f"no free run id under {base}")
 
 
-def _owner_alive(run_dir: Path) -> bool:
+def _claim(run_id: str, owner: dict) -> bool:
+    """Enter `run_id` in `REGISTRY` for `owner`; False when it is taken (by a run, or by its leftovers)."""
+    entry = REGISTRY / f"{run_id}.json"
+    tmp = REGISTRY / f".{run_id}.{os.getpid()}.tmp"
     try:
-        state = json.loads((run_dir / "state.json").read_text())
+        REGISTRY.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(owner) + "\n")
+        try:
+            os.link(tmp, entry)  # atomic, and never an entry without its owner
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as e:
+        raise EmulationError(f"cannot register a run in {REGISTRY}: {e.strerror or e}") from None
+    if _objects_exist(run_id):  # a crashed run's, not yet swept: its objects are not ours
+        _release(run_id)
+        return False
+    return True
+
+
+def _release(run_id: str) -> None:
+    if os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            (REGISTRY / f"{run_id}.json").unlink()
+
+
+def _objects_exist(run_id: str) -> bool:
+    prefix = f"{PREFIX}-{run_id}-"
+    return ((cpu.CGROUP_CPU / f"{PREFIX}-{run_id}").exists()
+            or any(d.is_dir() and any(x.name.startswith(prefix) for x in d.iterdir())
+                   for d in (_NETNS_RUN, netns.NETNS_ETC)))
+
+
+def _alive(state_file: Path) -> bool | None:
+    """Whether the owner named in `state_file` runs; None when the file cannot be read."""
+    try:
+        state = json.loads(state_file.read_text())
     except (OSError, json.JSONDecodeError):
+        return None
+    pid = state.get("pid") if isinstance(state, dict) else None
+    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == state.get("start")
+
+
+def _owner_alive(run_dir: Path) -> bool:
+    alive = _alive(run_dir / "state.json")
+    if alive is None:
         # A run directory is made a moment before its state file: young means being born.
         try:
             return time.time() - run_dir.stat().st_mtime < 30
         except OSError:
             return False
-    pid = state.get("pid")
-    return isinstance(pid, int) and _start_time(pid) is not None and _start_time(pid) == state.get("start")
+    return alive
 
 
 def live_run_ids() -> set[str]:
+    """Ids of the runs whose owner runs: in this state directory and, for root, in `REGISTRY`."""
     base = state_dir()
-    if not base.is_dir():
+    ids = {d.name for d in base.iterdir() if d.is_dir() and _owner_alive(d)} if base.is_dir() else set()
+    if os.geteuid() == 0:
+        ids |= {run_id for run_id in _registry_ids() if _alive(REGISTRY / f"{run_id}.json")}
+    return ids
+
+
+def _registry_ids() -> set[str]:
+    if not REGISTRY.is_dir():
         return set()
-    return {d.name for d in base.iterdir() if d.is_dir() and _owner_alive(d)}
+    return {m.group(1) for p in REGISTRY.iterdir() if (m := re.fullmatch(r"([0-9a-f]{4})\.json", p.name))}
 
 
 def teardown(names: RunNames) -> list[str]:
@@ -132,6 +203,7 @@ def teardown(names: RunNames) -> list[str]:
     except (EmulationError, OSError) as e:
         problems.append(f"cgroup {names.cgroup}: {e}")
     shutil.rmtree(names.run_dir, ignore_errors=True)
+    _release(names.run_id)  # last: whatever could not be removed is a leftover now, swept at the next start
     return problems
 
 
@@ -166,7 +238,7 @@ def _leftover_ids() -> set[str]:
         # Namespaces and cgroups belong to root's runs, registered in root's directory: another
         # user would take live ones for leftovers (and could not remove them anyway).
         return _registered_ids()
-    ids = _registered_ids()
+    ids = _registered_ids() | _registry_ids()
     if shutil.which("ip"):
         ids |= {m.group(1) for ns in netns.list_namespaces() if (m := _RUN_ID.match(ns + "-"))}
     if netns.NETNS_ETC.is_dir():
@@ -178,9 +250,12 @@ def _leftover_ids() -> set[str]:
 
 def sweep_leftovers() -> list[str]:
     """Tear down runs whose owner is gone; returns their ids. Live runs are never touched."""
+    # Objects first, owners second: a run registers before it creates anything, so the owner of
+    # any object found is in the register by the time it is read.
+    found = _leftover_ids()
     live = live_run_ids()
     cleaned = []
-    for run_id in sorted(_leftover_ids() - live):
+    for run_id in sorted(found - live):
         teardown(RunNames(run_id))
         cleaned.append(run_id)
     return cleaned

@@ -1,0 +1,93 @@
+"""Run registration and the sweep of leftovers: a live run is never swept, whatever state
+directory it uses; a dead one's objects are."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from spantrain.cluster import Cluster
+from spantrain.runtime.emulator import EmulatedCluster, cpu, netns, state
+
+SPEC = {
+    "name": "state",
+    "devices": [{"id": "a", "count": 2, "region": "r", "tflops": 10, "memory_gb": 4}],
+    "network": {"regions": {"r": {"gbps": 0.1, "latency_ms": 1}}},
+}
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch) -> Path:
+    """Root on a pretend machine: its register, cgroups and namespaces are directories in tmp_path."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(state, "REGISTRY", tmp_path / "registry")
+    monkeypatch.setattr(state, "_NETNS_RUN", tmp_path / "netns")
+    monkeypatch.setattr(cpu, "CGROUP_CPU", tmp_path / "cgroup")
+    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path / "etc-netns")
+    for d in ("netns", "cgroup", "etc-netns"):
+        (tmp_path / d).mkdir()
+    monkeypatch.setattr(state.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(netns, "list_namespaces", lambda: sorted(p.name for p in (tmp_path / "netns").iterdir()))
+    monkeypatch.setattr(netns, "delete_namespace", lambda ns: (tmp_path / "netns" / ns).unlink())
+    return tmp_path
+
+
+def _bring_up(names: state.RunNames) -> list[Path]:
+    """A pretend run's objects: its cgroup with a device group, a hub and a device namespace."""
+    (names.cgroup / "d0").mkdir(parents=True)
+    spaces = [netns.NETNS_ETC.parent / "netns" / ns for ns in (names.hub, names.device_ns(0))]
+    for ns in spaces:
+        ns.touch()
+    return [names.cgroup, *spaces]
+
+
+def test_a_live_run_of_another_state_directory_is_not_swept(machine, monkeypatch):
+    # root's sweep took every namespace and cgroup not registered in its own state directory
+    # for a leftover, and killed the devices of runs using another one (the tests use one each)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(machine / "theirs"))
+    theirs = state.new_run()
+    objects = _bring_up(theirs)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(machine / "mine"))
+    assert state.sweep_leftovers() == []
+    assert all(p.exists() for p in objects)
+    mine = state.new_run()
+    assert mine.run_id != theirs.run_id and state.live_run_ids() >= {theirs.run_id, mine.run_id}
+    # once its owner is gone they are leftovers, also to a sweep from another state directory
+    entry = state.REGISTRY / f"{theirs.run_id}.json"
+    entry.write_text(json.dumps({"run_id": theirs.run_id, "pid": os.getpid(), "start": "0"}))  # a reused pid
+    assert state.sweep_leftovers() == [theirs.run_id]
+    assert not any(p.exists() for p in objects) and not entry.exists()
+    assert state.live_run_ids() == {mine.run_id}
+    assert state.teardown(mine) == [] and not any(state.REGISTRY.iterdir())
+
+
+def test_objects_no_run_claims_are_leftovers_and_their_id_is_not_reused(machine, monkeypatch):
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(machine / "mine"))
+    objects = _bring_up(state.RunNames("beef"))  # a run that crashed between its teardown's steps
+    ids = iter(["beef", "cafe"])
+    monkeypatch.setattr(state.secrets, "token_hex", lambda n: next(ids))
+    assert state.new_run().run_id == "cafe"
+    assert all(p.exists() for p in objects)
+    assert state.sweep_leftovers() == ["beef"]
+    assert not any(p.exists() for p in objects)
+
+
+@pytest.mark.skipif(cpu.unavailable_reason() is not None, reason=f"needs CPU quotas: {cpu.unavailable_reason()}")
+def test_a_root_run_leaves_the_cgroup_of_a_live_run_elsewhere_alone(tmp_path, monkeypatch):
+    # on the real machine (cgroups, no namespaces): the second set-up removed the first's cgroup
+    cluster = Cluster.from_spec(SPEC)
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "first"))
+    first = EmulatedCluster(cluster, mode="local", cpus=1, log=lambda s: None).setup()
+    try:
+        group = first.names.cgroup
+        assert first.cpu_limited and group.is_dir()
+        monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "second"))
+        with EmulatedCluster(cluster, mode="local", cpus=1, log=lambda s: None) as second:
+            assert second.names.cgroup.is_dir()
+            assert group.is_dir()
+    finally:
+        first.cleanup()
+    assert not group.exists() and not (state.REGISTRY / f"{group.name[4:]}.json").exists()
