@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,12 @@ from pathlib import Path
 from spantrain.errors import EmulationError
 from spantrain.runtime.emulator import cpu, netns
 
-__all__ = ["PREFIX", "state_dir", "RunNames", "new_run", "live_run_ids", "teardown", "teardown_network",
+__all__ = ["PREFIX", "DEFAULT_DIR", "state_dir", "RunNames", "new_run", "live_run_ids", "teardown", "teardown_network",
            "sweep_leftovers"]
 
 PREFIX = "spt"
+DEFAULT_DIR = Path("/tmp/spantrain-emulator")
+"""Root's state directory; other users' have ``-<uid>`` appended (`state_dir`)."""
 REGISTRY = Path("/run/spantrain-emulator")
 """Root's system-wide register of runs, one ``<id>.json`` each (module docstring)."""
 _NETNS_RUN = Path("/run/netns")
@@ -54,10 +57,39 @@ def state_dir() -> Path:
     One directory per user: a shared one, made by whoever ran first, let no other user register
     a run in it, so without root the emulator failed ('Permission denied') instead of falling
     back to local processes. Only root's runs make namespaces and cgroups, so only root's
-    directory names runs whose leftovers need root to remove."""
+    directory names runs whose leftovers need root to remove.
+
+    A default directory's name is known to everyone, so anyone can make it first: it is used
+    only when it is this user's own directory and nobody else can write in it (else a one-line
+    error names SPANTRAIN_EMULATOR_DIR); `new_run` makes it private (0700)."""
+    explicit = os.environ.get("SPANTRAIN_EMULATOR_DIR")
+    if explicit:
+        return Path(explicit)
     uid = os.geteuid()
-    default = "/tmp/spantrain-emulator" if uid == 0 else f"/tmp/spantrain-emulator-{uid}"
-    return Path(os.environ.get("SPANTRAIN_EMULATOR_DIR", default))
+    path = DEFAULT_DIR if uid == 0 else Path(f"{DEFAULT_DIR}-{uid}")
+    _check_private(path, uid)
+    return path
+
+
+def _check_private(path: Path, uid: int) -> None:
+    """Refuse `path` unless it is missing or a directory (not a link) of `uid`'s that only it can write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        problem = f"cannot be checked ({e.strerror or e})"
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            problem = "is not a directory"
+        elif st.st_uid != uid:
+            problem = f"belongs to another user (uid {st.st_uid})"
+        elif st.st_mode & 0o022:
+            problem = "is writable by other users"
+        else:
+            return
+    raise EmulationError(f"emulator state directory {path} {problem}: set SPANTRAIN_EMULATOR_DIR to a directory "
+                         "of yours that only you can write")
 
 
 @dataclass(frozen=True)
@@ -106,8 +138,8 @@ def new_run() -> RunNames:
         if os.geteuid() == 0 and not _claim(names.run_id, {"run_id": names.run_id, **owner, "state_dir": str(base)}):
             continue
         try:
-            base.mkdir(parents=True, exist_ok=True)
-            names.run_dir.mkdir()
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            names.run_dir.mkdir()  # checks `base` again (`state_dir`): it might be new
         except FileExistsError:
             _release(names.run_id)
             if not base.is_dir():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spantrain.cluster import Cluster
+from spantrain.errors import EmulationError
 from spantrain.runtime.emulator import EmulatedCluster, cpu, netns, state
 
 SPEC = {
@@ -91,3 +92,40 @@ def test_a_root_run_leaves_the_cgroup_of_a_live_run_elsewhere_alone(tmp_path, mo
     finally:
         first.cleanup()
     assert not group.exists() and not (state.REGISTRY / f"{group.name[4:]}.json").exists()
+
+
+@pytest.fixture
+def default_dir(tmp_path, monkeypatch) -> Path:
+    """This user's default state directory, moved into tmp_path."""
+    monkeypatch.delenv("SPANTRAIN_EMULATOR_DIR", raising=False)
+    monkeypatch.setattr(state, "DEFAULT_DIR", tmp_path / "spantrain-emulator")
+    uid = os.geteuid()
+    return state.DEFAULT_DIR if uid == 0 else Path(f"{state.DEFAULT_DIR}-{uid}")
+
+
+@pytest.mark.parametrize("made_by", ["another user", "anyone-writable", "a link"])
+def test_a_default_state_directory_someone_else_controls_is_refused(default_dir, tmp_path, monkeypatch, made_by):
+    # the default name is predictable: another user could make it first and block or tamper with runs
+    if made_by == "another user":
+        monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the directory is this process's real user's
+        default_dir = Path(f"{state.DEFAULT_DIR}-4242")
+    if made_by == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        default_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        default_dir.mkdir()
+        default_dir.chmod(0o777 if made_by == "anyone-writable" else 0o700)
+    with pytest.raises(EmulationError, match="set SPANTRAIN_EMULATOR_DIR") as err:
+        state.new_run()
+    assert str(default_dir) in str(err.value) and "\n" not in str(err.value)
+    assert not any(p.is_dir() for p in (tmp_path / "elsewhere").glob("*"))
+
+
+def test_a_default_state_directory_is_made_private(default_dir):
+    names = state.new_run()
+    try:
+        assert default_dir.is_dir() and default_dir.stat().st_mode & 0o077 == 0
+        assert names.run_dir.parent == default_dir
+        assert state.state_dir() == default_dir  # still accepted: ours
+    finally:
+        state.teardown(names)
