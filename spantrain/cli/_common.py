@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "stdout_console", "not_yet", "check_dir_option", "check_output_file"]
+           "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite"]
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
@@ -56,6 +56,19 @@ def load_plan(path: str, cluster, workload):
         return plan.validate(cluster, workload)
     except PlanError as e:
         raise PlanError(f"plan {path}: {e}") from None
+
+
+def check_finite(flag: str, value: float | None, rule: str, ok: bool) -> None:
+    """A number option whose value must be finite and pass `ok` (the check `rule` states, e.g.
+    "> 0"): refused in one line (`SpantrainError`), "FLAG must be a finite number RULE, got
+    VALUE". argparse's float() takes 'nan' and 'inf', and nan passes over every comparison.
+    None (the option left out) passes."""
+    import math
+
+    from spantrain.errors import SpantrainError
+
+    if value is not None and not (math.isfinite(value) and ok):
+        raise SpantrainError(f"{flag} must be a finite number {rule}, got {value:g}")
 
 
 def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False) -> None:

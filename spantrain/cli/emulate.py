@@ -7,11 +7,10 @@ them (as `timeout` does), 2 for bad input."""
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
 import sys
 
-from spantrain.cli._common import add_cluster_arg, check_dir_option
+from spantrain.cli._common import add_cluster_arg, check_dir_option, check_finite
 from spantrain.errors import EmulationError
 
 TIMED_OUT = 124
@@ -48,15 +47,8 @@ def _scale(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise EmulationError(f"--bandwidth-scale must be a positive number or 'fit', got {text!r}") from None
-    _check_positive("--bandwidth-scale", value)
+    check_finite("--bandwidth-scale", value, "> 0", value > 0)
     return value
-
-
-def _check_positive(flag: str, value: float | None) -> None:
-    """argparse's float() takes 'nan' and 'inf': neither is a core count, a rate or a time
-    (nan slipped past `<= 0` checks, inf overflowed the shaper's integer arithmetic)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise EmulationError(f"{flag} must be a finite number > 0, got {value:g}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -76,8 +68,10 @@ def _run(args: argparse.Namespace) -> int:
         raise EmulationError("no command: give it after --, e.g. spantrain emulate -c C.yaml -- python train.py")
     if shutil.which(command[0]) is None:
         raise EmulationError(f"command not found: {command[0]}")
+    # argparse's float() takes 'nan' and 'inf': neither is a core count, a rate or a time (nan slipped
+    # past `<= 0` checks, inf overflowed the shaper's integer arithmetic)
     for flag, value in (("--cpus", args.cpus), ("--max-gbps", args.max_gbps), ("--timeout", args.timeout)):
-        _check_positive(flag, value)
+        check_finite(flag, value, "> 0", value is not None and value > 0)
     # made now: a --log-dir under a file failed only after the namespaces were up, below their lines
     check_dir_option("--log-dir", args.log_dir, create=True)
     try:

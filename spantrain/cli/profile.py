@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from spantrain._spec import plural
-from spantrain.cli._common import check_output_file, print_json
+from spantrain.cli._common import check_finite, check_output_file, print_json
 from spantrain.errors import ExecutionError, WorkloadError
 
 MAX_BUDGET_S = 86400.0
@@ -66,6 +66,7 @@ def _check(args: argparse.Namespace) -> None:
         raise WorkloadError(f"--micro-batch must be a positive integer, got {args.micro_batch}")
     if args.cpus is not None and not args.cluster:
         raise WorkloadError("--cpus only applies with --cluster")
+    check_finite("--cpus", args.cpus, "> 0", args.cpus is not None and args.cpus > 0)
     if args.output:  # written after the whole profile (a minute by default): refused before any of it
         check_output_file(args.output, "-o")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from spantrain.cli._common import (
     add_json_arg,
     add_model_args,
     check_dir_option,
+    check_finite,
     load_cluster,
     load_model,
     load_plan,
@@ -114,21 +114,21 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if args.keep_checkpoints < 1:
         raise ExecutionError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
-    _check_finite("--lr", args.lr, "> 0", args.lr > 0)
-    _check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
-    _check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
+    check_finite("--lr", args.lr, "> 0", args.lr > 0)
+    check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
+    check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
     if not 0 <= args.seed <= MAX_SEED:
         raise ExecutionError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
-    _check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
+    check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
                   MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S)
     if args.checkpoint_every and not args.checkpoint_dir:
         raise ExecutionError("--checkpoint-every needs --checkpoint-dir")
     if not args.emulate and (args.emulate_cpus is not None or args.emulate_mode != "auto"):
         raise ExecutionError("--emulate-cpus and --emulate-mode only apply with --emulate")
     if args.emulate_cpus is not None:
-        _check_finite("--emulate-cpus", args.emulate_cpus, "> 0", args.emulate_cpus > 0)
+        check_finite("--emulate-cpus", args.emulate_cpus, "> 0", args.emulate_cpus > 0)
     if args.emulate and under_torchrun():
         raise ExecutionError("--emulate starts its own processes: run it directly, not under torchrun")
     if args.adapt and not args.checkpoint_dir:
@@ -143,11 +143,6 @@ def _check_numbers(args: argparse.Namespace) -> None:
         from spantrain.policies.registry import get_planner
 
         get_planner(args.adapt_planner)  # an unknown name fails now, not at the first change
-
-
-def _check_finite(flag: str, value: float, rule: str, ok: bool) -> None:
-    if not (math.isfinite(value) and ok):
-        raise ExecutionError(f"{flag} must be a finite number {rule}, got {value:g}")
 
 
 def _check_paths(args: argparse.Namespace) -> None:

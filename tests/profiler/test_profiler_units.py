@@ -133,6 +133,7 @@ def test_cli_input_errors_are_one_line(run_cli):
                          (("--budget-s", "0"), "--budget-s must be a number of seconds in (0, 86400], got 0"),
                          (("--model", "nosuch"), "unknown model"),
                          (("--cpus", "2"), "--cpus only applies with --cluster"),
+                         (("--cluster", "nosuch.json", "--cpus", "nan"), "--cpus must be a finite number > 0, got nan"),
                          (("--micro-batch", "-1"), "--micro-batch")]:
         code, out, err = run_cli("profile", *args)
         assert code == 2 and needle in err and out == "", (args, err)
