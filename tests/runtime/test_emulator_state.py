@@ -3,8 +3,13 @@ directory it uses; a dead one's objects are."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -129,3 +134,50 @@ def test_a_default_state_directory_is_made_private(default_dir):
         assert state.state_dir() == default_dir  # still accepted: ours
     finally:
         state.teardown(names)
+
+
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _nobody_runs_python() -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    return subprocess.run([*_NOBODY, sys.executable, "-c", "import spantrain"], capture_output=True,
+                          timeout=30).returncode == 0
+
+
+@contextlib.contextmanager
+def _made_for_the_test(path: Path):
+    """`path` as a directory during the block; removed afterwards if the block made it (and left it empty)."""
+    existed = path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    finally:
+        if not existed:
+            with contextlib.suppress(OSError):  # in use by a run started meanwhile: not ours to remove
+                path.rmdir()
+
+
+@pytest.mark.skipif(not _nobody_runs_python(), reason="needs root, setpriv and a Python user nobody can run")
+def test_another_user_falls_back_beside_roots_state_directory():
+    # root's runs made the default state directory, which other users cannot write in: a user's
+    # emulate failed ('Permission denied') instead of falling back to local processes
+    theirs = Path(f"{state.DEFAULT_DIR}-65534")
+    existed = theirs.exists()
+    with _made_for_the_test(state.DEFAULT_DIR), tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        spec = Path(tmp) / "c.json"
+        spec.write_text(json.dumps(SPEC))
+        spec.chmod(0o644)
+        env = {k: v for k, v in os.environ.items() if k != "SPANTRAIN_EMULATOR_DIR"}
+        try:
+            proc = subprocess.run([*_NOBODY, sys.executable, "-m", "spantrain", "emulate", "-c", str(spec), "--",
+                                   "sh", "-c", "echo $RANK"], capture_output=True, text=True, timeout=60, env=env,
+                                  cwd=tmp)
+        finally:
+            if not existed:
+                shutil.rmtree(theirs, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "network namespaces unavailable (not running as root)" in proc.stderr
+    assert sorted(proc.stdout.split()) == ["0", "1", "[a-0]", "[a-1]"]
