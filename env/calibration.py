@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from spantrain._spec import FIGURE_MAX, got
+from spantrain._spec import FIGURE_MAX, got, is_figure
 from spantrain.errors import SpecError
 
 __all__ = [
@@ -139,7 +139,7 @@ class Calibration:
                 if not isinstance(value, bool):
                     problems.append(f"{key} must be true or false, got {value!r}")
                 values[key] = value
-            elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= FIGURE_MAX:
+            elif not is_figure(value):
                 # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks
                 problems.append(f"{key} must be a number from 0 to {FIGURE_MAX:g}, {got(value)}")
             else:

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "write_text_atomic", "require_writable_dir", "check_keys", "positive_number",
-           "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "plural", "FIGURE_MIN",
-           "FIGURE_MAX"]
+__all__ = ["read_structured", "write_text_atomic", "require_writable_dir", "check_keys", "is_figure",
+           "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "plural",
+           "FIGURE_MIN", "FIGURE_MAX"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -170,6 +170,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_figure(value: Any, lo: float = 0.0) -> bool:
+    """Whether `value` is a number (not a bool, not nan) from `lo` to FIGURE_MAX, the range of
+    every figure of a spec: past FIGURE_MAX the cost model's sums overflow to inf."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= FIGURE_MAX
+
+
 def positive_number(obj: dict, key: str, where: str, problems: list[str]) -> float | None:
     """The value of `obj[key]` if it is a finite number > 0, else record a problem."""
     if key not in obj:
@@ -188,13 +194,13 @@ def nonneg_number(obj: dict, key: str, where: str, problems: list[str]) -> float
     if key not in obj:
         return None
     value = obj[key]
-    if not _is_number(value) or value < 0:
-        problems.append(f"{where}: {key} must be a number >= 0, {got(value)}")
-        return None
-    if value > FIGURE_MAX:
+    if is_figure(value):
+        return float(value)
+    if _is_number(value) and value > FIGURE_MAX:
         problems.append(f"{where}: {key} must be at most {FIGURE_MAX:g}, got {value!r}")
-        return None
-    return float(value)
+    else:
+        problems.append(f"{where}: {key} must be a number >= 0, {got(value)}")
+    return None
 
 
 def positive_int(obj: dict, key: str, where: str, problems: list[str]) -> int | None:

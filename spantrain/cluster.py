@@ -29,6 +29,7 @@ from spantrain._spec import (
     FIGURE_MAX,
     check_keys,
     fmt_number,
+    is_figure,
     nonempty_str,
     nonneg_number,
     positive_int,
@@ -414,7 +415,8 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         lists = []
         for key in ("forward_ms", "backward_ms"):
             vals = entry.get(key)
-            if not isinstance(vals, list) or not vals or not all(map(_is_time_ms, vals)):
+            # like every figure of a spec: an infinite or 1e308 ms time overflowed the cost model's sums
+            if not isinstance(vals, list) or not vals or not all(map(is_figure, vals)):
                 problems.append(f"{w}: {key} must be a non-empty list of numbers from 0 to {FIGURE_MAX:g}")
                 lists.append(None)
             else:
@@ -424,12 +426,6 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         elif batch and lists[0] and lists[1]:
             out[str(model)] = LayerTimes(batch=batch, forward_s=lists[0], backward_s=lists[1])
     return out
-
-
-def _is_time_ms(v: Any) -> bool:
-    """A measured layer time: a number from 0 to FIGURE_MAX ms, like every figure of a spec (an
-    infinite or 1e308 ms one overflowed the cost model's sums: a "deadlock" traceback)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= FIGURE_MAX
 
 
 def _parse_spec(spec: Any, source: str) -> Cluster:
