@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from spantrain.experiments._args import bad_input
+
 __all__ = ["CLUSTER_FILE", "pipeline_plan", "main"]
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "examples" / "cee-demo.yaml"
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workload, spec, slow = _inputs(args)
     except SpantrainError as e:
-        print(f"adapt_live: error: {e}", file=sys.stderr)
-        return 2
+        return bad_input("adapt_live", e)
     from spantrain.cli import main as spantrain
     from spantrain.runtime.metrics import read_step_records
 

@@ -107,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-time", action="store_true",
                     help="also time a first run with an empty numba cache (fresh process)")
     args = ap.parse_args(argv)
+    from spantrain.experiments._args import bad_input
+
     # checked before any work: no repeats has no median, and an infinite or nan length never ends
     if args.repeats < 1:
-        print(f"bench_costmodel: error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
-        return 2
+        return bad_input("bench_costmodel", f"--repeats must be >= 1, got {args.repeats}")
     if not (args.seconds >= 0 and math.isfinite(args.seconds)):
-        print(f"bench_costmodel: error: --seconds must be a finite number >= 0, got {args.seconds:g}", file=sys.stderr)
-        return 2
+        return bad_input("bench_costmodel", f"--seconds must be a finite number >= 0, got {args.seconds:g}")
     compile_s = compile_seconds() if args.compile_time else None
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core

@@ -48,6 +48,7 @@ from typing import Any
 
 from spantrain.cli._common import check_dir_option
 from spantrain.errors import SpantrainError
+from spantrain.experiments._args import bad_input
 from spantrain.experiments.plotting import save_figure
 
 __all__ = ["SuiteSpec", "full_spec", "quick_spec", "slow_clusters", "far_clusters", "run", "summarize", "markdown",
@@ -508,8 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = load_saved(args.from_json) if args.from_json else None
         check_dir_option("--out", out, create=True)
     except SpantrainError as e:
-        print(f"bench_planners: error: {e}", file=sys.stderr)
-        return 2
+        return bad_input("bench_planners", e)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # planning time on one core
 

@@ -29,10 +29,11 @@ import contextlib
 import io
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from spantrain.experiments._args import bad_input
 
 __all__ = ["bench_cluster", "bench_plan", "main"]
 
@@ -79,10 +80,10 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
     """(model argument for `spantrain run`, workload, plan of each configuration), every flag checked
     first (`SpantrainError`): a bad one failed with a traceback, or with exit code 1 only after the
     first round's single-process training."""
+    from spantrain.cli._common import check_seed
     from spantrain.cluster import Cluster
     from spantrain.errors import SpantrainError
     from spantrain.plan import Plan
-    from spantrain.policies.train_config import MAX_SEED
     from spantrain.runtime.preflight import check_run
     from spantrain.workload import load_workload
 
@@ -90,8 +91,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
                                ("--micro-batches", args.micro_batches, 1), ("--threads", args.threads, 1)):
         if value < least:  # --steps: the first iterations are warm-up
             raise SpantrainError(f"{flag} must be at least {least}, got {value}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SpantrainError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
+    check_seed(args.seed)
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     workload = load_workload(model)
     batch, n = workload.global_batch, workload.num_layers
@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, workload, configs = _setup(args)
     except SpantrainError as e:
-        print(f"bench_runtime: error: {e}", file=sys.stderr)
-        return 2
+        return bad_input("bench_runtime", e)
 
     from spantrain.runtime.metrics import warmup_steps
     from spantrain.runtime.preflight import cpu_cores

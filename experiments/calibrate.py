@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spantrain.experiments._args import bad_input
 from spantrain.experiments.calibrate_report import (
     cluster_summary,
     plan_row,
@@ -316,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         calibration, measured, suite = _inputs(args)
     except SpantrainError as e:
-        print(f"calibrate: error: {e}", file=sys.stderr)
-        return 2
+        return bad_input("calibrate", e)
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     stem = "calibration-quick" if args.quick else "calibration"
@@ -456,5 +456,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except SpantrainError as e:  # one line, no traceback, and the exit code of bad input
-        print(f"calibrate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(bad_input("calibrate", e))

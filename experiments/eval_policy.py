@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -63,6 +62,7 @@ from spantrain.env.plan_env import (
     simple_start,
 )
 from spantrain.errors import SpantrainError
+from spantrain.experiments._args import bad_input
 from spantrain.experiments.plotting import save_figure
 from spantrain.policies.adapt import adapt_plan
 from spantrain.policies.compare import run_planner
@@ -385,6 +385,23 @@ def plots(rows: list[dict], meta: dict, out: Path, suffix: str = "") -> list[Pat
     return paths
 
 
+def _check_inputs(args: argparse.Namespace, out: Path) -> dict:
+    """The policy's metadata, every flag checked first (`SpantrainError`), --out made last."""
+    if args.beam_width < 0:
+        raise SpantrainError(f"--beam-width must be >= 0, got {args.beam_width}")
+    if args.anneal_steps < 0:
+        raise SpantrainError(f"--anneal-steps must be >= 0, got {args.anneal_steps}")
+    if not 1 <= args.batch_scale <= 64:
+        raise SpantrainError(f"--batch-scale must be an integer from 1 to 64, got {args.batch_scale}")
+    if args.latency_repeats < 1:
+        raise SpantrainError(f"--latency-repeats must be >= 1, got {args.latency_repeats}")
+    if not (args.ga_budget_s > 0 and math.isfinite(args.ga_budget_s)):
+        raise SpantrainError(f"--ga-budget-s must be a finite positive number of seconds, got {args.ga_budget_s:g}")
+    _, _, meta = load_policy(args.policy)
+    check_dir_option("--out", out, create=True)
+    return meta
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", help="policy file (default: the shipped policy)")
@@ -407,35 +424,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-track", action="store_true", help="do not log to W&B")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    if args.beam_width < 0:
-        print(f"eval_policy: error: --beam-width must be >= 0, got {args.beam_width}", file=sys.stderr)
-        return 2
-    if args.anneal_steps < 0:
-        print(f"eval_policy: error: --anneal-steps must be >= 0, got {args.anneal_steps}", file=sys.stderr)
-        return 2
-    if not 1 <= args.batch_scale <= 64:
-        print(f"eval_policy: error: --batch-scale must be an integer from 1 to 64, got {args.batch_scale}",
-              file=sys.stderr)
-        return 2
-    if args.latency_repeats < 1:
-        print(f"eval_policy: error: --latency-repeats must be >= 1, got {args.latency_repeats}", file=sys.stderr)
-        return 2
-    if not (args.ga_budget_s > 0 and math.isfinite(args.ga_budget_s)):
-        print(f"eval_policy: error: --ga-budget-s must be a finite positive number of seconds, got "
-              f"{args.ga_budget_s:g}", file=sys.stderr)
-        return 2
-    try:
-        _, _, meta = load_policy(args.policy)
-    except SpantrainError as e:
-        print(f"eval_policy: error: {e}", file=sys.stderr)
-        return 2
     # a smoke run must not overwrite the committed plots: they keep their names for any case set
     out = Path(args.out) if args.out else (Path("out/eval_policy_quick") if args.quick else RESULTS)
     try:
-        check_dir_option("--out", out, create=True)
+        meta = _check_inputs(args, out)
     except SpantrainError as e:
-        print(f"eval_policy: error: {e}", file=sys.stderr)
-        return 2
+        return bad_input("eval_policy", e)
     progress = not args.no_progress
     t0 = time.perf_counter()
     rows = plan_cases(args.policy, args.quick, args.ga_budget_s, args.beam_width, progress, args.latency_repeats,

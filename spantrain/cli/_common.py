@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite"]
+           "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite",
+           "check_seed"]
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
@@ -69,6 +70,16 @@ def check_finite(flag: str, value: float | None, rule: str, ok: bool) -> None:
 
     if value is not None and not (math.isfinite(value) and ok):
         raise SpantrainError(f"{flag} must be a finite number {rule}, got {value:g}")
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """A seed option: an integer from 0 to MAX_SEED (what numpy and torch both take), refused in
+    one line (`SpantrainError`)."""
+    from spantrain.errors import SpantrainError
+    from spantrain.policies.train_config import MAX_SEED
+
+    if not 0 <= seed <= MAX_SEED:
+        raise SpantrainError(f"{flag} must be an integer from 0 to {MAX_SEED}, got {seed}")
 
 
 def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False) -> None:

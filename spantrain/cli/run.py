@@ -24,13 +24,13 @@ from spantrain.cli._common import (
     add_model_args,
     check_dir_option,
     check_finite,
+    check_seed,
     load_cluster,
     load_model,
     load_plan,
     print_json,
 )
 from spantrain.errors import ExecutionError, SpantrainError
-from spantrain.policies.train_config import MAX_SEED
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note", "other_optim_note"]
 
@@ -117,8 +117,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     check_finite("--lr", args.lr, "> 0", args.lr > 0)
     check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
     check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ExecutionError(f"--seed must be an integer from 0 to {MAX_SEED}, got {args.seed}")
+    check_seed(args.seed)
     if args.threads is not None and args.threads < 1:
         raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
     check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
