@@ -93,7 +93,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, An
     try:
         Cluster.from_spec(slow, "cluster")
     except SpantrainError as e:
-        raise SpantrainError(f"--slow-gbps {args.slow_gbps:g} is no link speed ({e})") from None
+        raise SpantrainError(f"--slow-gbps must be a positive link speed in Gbit/s, got {args.slow_gbps:g} "
+                             f"({e})") from None
     check_run(Cluster.from_spec(spec, "cluster"),
               workload, Plan.from_dict(pipeline_plan(workload.num_layers, workload.global_batch)), data=None)
     get_planner(args.planner)

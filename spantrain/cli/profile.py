@@ -10,7 +10,9 @@ Three ways to run it:
 - neither: profiles this machine as a single device (compute and memory only).
 
 Progress goes to stderr; stdout holds only the ``--json`` object, or the spec as YAML when
-neither ``-o`` nor ``--json`` is given.
+neither ``-o`` nor ``--json`` is given. Exit code: 0, 2 for bad input or a failed device,
+124 (as `timeout` uses) when ``--cluster``'s devices were still running at 4 x --budget-s
+(at least `MIN_WAIT_S`) and were stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from spantrain.errors import ExecutionError, WorkloadError
 
 MAX_BUDGET_S = 86400.0
 """A day: longer is a typo, and beyond ~2e13 s the rendezvous timeout (4 x budget) overflows."""
+MIN_WAIT_S = 120.0
+"""With --cluster, the least time the devices get before they are stopped (4 x --budget-s if more):
+their start-up is not all inside the budget on a loaded machine."""
 _RESULT_ARG = "--result-file"
 _DEADLINE_ARG = "--deadline"
 
@@ -123,23 +128,32 @@ def _child_argv(args: argparse.Namespace, result: Path, output: str | None, dead
 def _profile_emulated(args: argparse.Namespace) -> int:
     import yaml
 
+    from spantrain.cli.emulate import TIMED_OUT
     from spantrain.profiler.accuracy import accuracy_lines
     from spantrain.profiler.runner import process_start
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
+    from spantrain.runtime.emulator.launch import TimedOut
     from spantrain.runtime.emulator.options import PROFILE_OPTIONS
 
     # The budget covers everything from this command's start: set-up, start-up, teardown.
     deadline = process_start() + args.budget_s
     output = str(Path(args.output).resolve()) if args.output else None
+    wait_s = max(MIN_WAIT_S, 4 * args.budget_s)
     with tempfile.TemporaryDirectory(prefix="spantrain-profile-") as tmp:
         result = Path(tmp) / "result.json"
         # The devices write into `tmp`: it must be reachable from inside the namespaces (same filesystem).
         os.chmod(tmp, 0o755)
-        with EmulatedCluster(args.cluster, cpus=args.cpus, options=PROFILE_OPTIONS) as emu:
-            for line in emu.describe():
-                _log(line)
-            results = emu.run(_child_argv(args, result, output, deadline), timeout_s=max(120.0, 4 * args.budget_s))
-            emulation = emu.emulation
+        try:
+            with EmulatedCluster(args.cluster, cpus=args.cpus, options=PROFILE_OPTIONS) as emu:
+                for line in emu.describe():
+                    _log(line)
+                results = emu.run(_child_argv(args, result, output, deadline), timeout_s=wait_s)
+                emulation = emu.emulation
+        except TimedOut:
+            # not exit code 2, the code of a mistyped option: the profile itself hung
+            print(f"spantrain profile: error: the profile outlived 4 x --budget-s (at least {MIN_WAIT_S:g} s): "
+                  f"stopped every device after {wait_s:g} s", file=sys.stderr)
+            return TIMED_OUT
         failed = first_failure(results)
         if failed is not None:
             raise ExecutionError(f"device {failed.device_id} (rank {failed.rank}) failed with exit code "

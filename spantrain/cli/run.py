@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spantrain._spec import plural
 from spantrain.cli._common import (
     add_cluster_arg,
     add_json_arg,
@@ -33,6 +34,9 @@ from spantrain.cli._common import (
 from spantrain.errors import ExecutionError, SpantrainError
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note", "other_optim_note"]
+
+_OPTIM_DEFAULTS = {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-8}
+"""AdamW settings a run takes when --lr, --weight-decay or --adam-eps is left out."""
 
 MIN_TIMEOUT_S = 1.0
 """Smallest --timeout: below it gloo aborts the workers (SIGABRT) before they have even met."""
@@ -60,9 +64,12 @@ def register(p: argparse.ArgumentParser) -> None:
                    f"every {ADAPT_CHECKPOINT_EVERY})")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="complete checkpoints kept (2)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (1e-3)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (0.1)")
-    p.add_argument("--adam-eps", type=float, default=1e-8, metavar="EPS", help="AdamW epsilon (1e-8)")
+    p.add_argument("--lr", type=float, default=_OPTIM_DEFAULTS["lr"],
+                   help=f"AdamW learning rate ({_OPTIM_DEFAULTS['lr']:g})")
+    p.add_argument("--weight-decay", type=float, default=_OPTIM_DEFAULTS["weight_decay"],
+                   help=f"AdamW weight decay on matrices ({_OPTIM_DEFAULTS['weight_decay']:g})")
+    p.add_argument("--adam-eps", type=float, default=_OPTIM_DEFAULTS["eps"], metavar="EPS",
+                   help=f"AdamW epsilon ({_OPTIM_DEFAULTS['eps']:g})")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (0)")
     p.add_argument("--run-dir", metavar="DIR", help="metrics, logs and result of this run "
                    "(default runs/run-TIMESTAMP)")
@@ -179,12 +186,20 @@ _OPTIM_FLAGS = {"lr": "--lr", "weight_decay": "--weight-decay", "eps": "--adam-e
 def other_optim_note(before: dict[str, Any] | None, now: dict[str, float]) -> str | None:
     """A note when a resumed run trains with other AdamW settings than the checkpoint's run: allowed
     (a new learning rate is a reason to resume), but a flag left out takes its default, not the
-    checkpoint's value, and the run would otherwise change its learning rate without a word."""
-    changed = [f"{flag} {now[key]:g} (the checkpoint's run: {before[key]:g})" for key, flag in _OPTIM_FLAGS.items()
-               if isinstance(before, dict) and isinstance(before.get(key), (int, float)) and before[key] != now[key]]
+    checkpoint's value, and the run would otherwise change its learning rate without a word. That
+    reason is given only when a changed setting is at its default: one passed on purpose needs
+    no explanation."""
+    if not isinstance(before, dict):
+        return None
+    changed = [key for key in _OPTIM_FLAGS
+               if isinstance(before.get(key), (int, float)) and before[key] != now[key]]
     if not changed:
         return None
-    return f"resuming with {', '.join(changed)}; AdamW settings left out take their defaults, not the checkpoint's"
+    note = "resuming with " + ", ".join(f"{_OPTIM_FLAGS[key]} {now[key]:g} (the checkpoint's run: {before[key]:g})"
+                                        for key in changed)
+    if any(now[key] == _OPTIM_DEFAULTS[key] for key in changed):
+        note += "; AdamW settings left out take their defaults, not the checkpoint's"
+    return note
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -300,8 +315,10 @@ def _run(args: argparse.Namespace) -> int:
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
         elif args.threads and args.threads > 1 and args.threads * world > cores:
+            default = max(1, cores // world)  # what the workers take without --threads (threads_per_rank)
             _note(f"--threads {args.threads} x {world} workers is {args.threads * world} threads on {cores} CPU "
-                  f"cores: they will wait for each other (leave --threads out for cores / workers)")
+                  "cores: they will wait for each other (leave --threads out to give each worker cores / workers "
+                  f"= {plural(default, 'thread')})")
         from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()

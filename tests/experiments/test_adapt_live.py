@@ -37,7 +37,8 @@ def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),  # was a traceback
     (["--planner", "no-such-planner"], "unknown planner 'no-such-planner'"),  # was exit code 1
     # the run went to its end and then said it did not switch: its adapter ignored a file that does not load
-    (["--slow-gbps", "0"], "--slow-gbps 0 is no link speed (cluster: network.links[0]: gbps must be a positive"),
+    (["--slow-gbps", "0"], "--slow-gbps must be a positive link speed in Gbit/s, got 0 (cluster: network.links[0]: "
+                           "gbps must be a positive"),
 ])
 def test_bad_arguments_are_one_line(capsys, monkeypatch, args, expected):
     monkeypatch.setattr("spantrain.cli.main", lambda argv: pytest.fail("ran"))

@@ -185,3 +185,31 @@ def test_profile_cluster_errors_name_only_profiles_own_flags(run_cli, tmp_path, 
     code, out, err = run_cli("profile", "--cluster", spec, "--cpus", "0.002", "--budget-s", "5")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.strip().endswith("give the cluster at least 0.007 cores (--cpus)"), err
+
+
+def test_a_profile_that_outlives_its_wait_exits_124_not_2(run_cli, tmp_path, monkeypatch):
+    # the emulator's TimedOut is an EmulationError: it exited 2, the code of a mistyped option
+    import spantrain.runtime.emulator as emulator
+    from spantrain.runtime.emulator.launch import TimedOut
+
+    class Hung:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def describe(self):
+            return []
+
+        def run(self, argv, *, timeout_s):
+            raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
+
+    monkeypatch.setattr(emulator, "EmulatedCluster", Hung)
+    code, out, err = run_cli("profile", "--cluster", tmp_path / "c.json", "--budget-s", "50")
+    assert code == 124 and out == "", err
+    assert err == ("spantrain profile: error: the profile outlived 4 x --budget-s (at least 120 s): stopped every "
+                   "device after 200 s\n"), err

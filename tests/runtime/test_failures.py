@@ -275,4 +275,17 @@ def test_a_plan_too_big_for_its_devices_and_too_many_threads_run_with_notes(tmp_
                for x in notes), err
     if cpu_cores() < 8:
         assert f"spantrain run: note: --threads 8 x 1 workers is 8 threads on {cpu_cores()} CPU cores: they will " \
-               "wait for each other (leave --threads out for cores / workers)" in notes, err
+               "wait for each other (leave --threads out to give each worker cores / workers = " \
+               f"{cpu_cores()} thread{'s' if cpu_cores() > 1 else ''})" in notes, err
+
+
+def test_resuming_with_a_learning_rate_passed_on_purpose_gives_no_reason_about_defaults():
+    # beside test_run_cli's test_resuming_with_other_adamw_settings_says_so: "settings left out take their
+    # defaults" told a user who passed --lr 5e-4 on purpose why it differed
+    from spantrain.cli.run import other_optim_note
+
+    before = {"lr": 3e-4, "weight_decay": 0.1, "eps": 1e-8}
+    assert other_optim_note(before, {"lr": 5e-4, "weight_decay": 0.1, "eps": 1e-8}) == (
+        "resuming with --lr 0.0005 (the checkpoint's run: 0.0003)")
+    assert other_optim_note(before, {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-8}).endswith(
+        "; AdamW settings left out take their defaults, not the checkpoint's")  # --lr left out: its default
