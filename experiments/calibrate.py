@@ -96,38 +96,103 @@ class Suite:
     """Profiles per cluster, combined by `median_profile` (module docstring)."""
 
 
-def _plan_dict(name: str, compact: Any) -> dict[str, Any]:
-    """``[schedule, sync, period, [[mbs, nmb, [[device, first, end], ...]], ...]]`` -> a plan dict."""
-    try:
-        schedule, sync, period, pipes = compact
-        return {"schedule": schedule, "sync": {"mode": sync, "period": int(period)},
-                "pipelines": [{"micro_batch_size": int(mbs), "num_micro_batches": int(nmb),
-                               "stages": [{"devices": [d], "layers": [int(a), int(b)]} for d, a, b in stages]}
-                              for mbs, nmb, stages in pipes]}
-    except (TypeError, ValueError) as e:
-        raise SystemExit(f"calibrate: plan {name!r} is not [schedule, sync, period, pipelines]: {e}") from None
+def _plan_dict(compact: Any) -> dict[str, Any]:
+    """``[schedule, sync, period, [[mbs, nmb, [[device, first, end], ...]], ...]]`` -> a plan dict,
+    or TypeError / ValueError when `compact` has another shape."""
+    schedule, sync, period, pipes = compact
+    return {"schedule": schedule, "sync": {"mode": sync, "period": int(period)},
+            "pipelines": [{"micro_batch_size": int(mbs), "num_micro_batches": int(nmb),
+                           "stages": [{"devices": [d], "layers": [int(a), int(b)]} for d, a, b in stages]}
+                          for mbs, nmb, stages in pipes]}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# key -> (what it must be, test); the suite's figures and its quick subset's
+_SUITE_FIELDS: dict[str, tuple[str, Any]] = {
+    "model": ("a model preset or file", lambda v: isinstance(v, str) and bool(v)),
+    "cpus": ("a number of cores > 0", lambda v: _is_number(v) and v > 0),
+    "steps": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "warmup": ("an integer >= 0", lambda v: _is_int(v) and v >= 0),
+    "repeats": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+    "profile_budget_s": ("a number of seconds > 0", lambda v: _is_number(v) and v > 0),
+    "profiles": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+}
 
 
 def load_suite(path: Path = SUITE, quick: bool = False) -> Suite:
-    """The suite file (format in its header); `quick`: its smoke subset."""
+    """The suite file (format in its header); `quick`: its smoke subset. A file that cannot be
+    read or is not a suite is a `SpantrainError` naming the path and the problem."""
     import yaml
 
-    raw = yaml.safe_load(Path(path).read_text())
+    from spantrain.errors import SpantrainError
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise SpantrainError(f"{path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0]  # yaml's messages run over lines
+        raise SpantrainError(f"{path}: not a calibration suite (not YAML: {first})") from None
+
+    def bad(what: str) -> SpantrainError:
+        return SpantrainError(f"{path}: not a calibration suite ({what})")
+
+    def field(obj: dict, key: str, where: str, required: bool = True) -> Any:
+        if key not in obj:
+            if required:
+                raise bad(f"{where}missing {key!r}")
+            return None
+        what, ok = _SUITE_FIELDS[key]
+        if not ok(obj[key]):
+            raise bad(f"{where}{key} must be {what}, got {obj[key]!r}")
+        return obj[key]
+
+    if not isinstance(raw, dict):
+        raise bad(f"expected a mapping, got {type(raw).__name__}")
+    if not isinstance(raw.get("clusters"), list) or not raw["clusters"]:
+        raise bad("missing 'clusters'" if "clusters" not in raw else "clusters must be a non-empty list")
     base = Path(path).parent
-    clusters = [ClusterCase(spec=base / c["spec"], plans=[PlanCase(n, _plan_dict(n, p)) for n, p in c["plans"].items()])
-                for c in raw["clusters"]]
-    suite = Suite(model=raw["model"], cpus=float(raw["cpus"]), steps=int(raw["steps"]), warmup=int(raw["warmup"]),
-                  repeats=int(raw["repeats"]), clusters=clusters,
-                  profile_budget_s=float(raw.get("profile_budget_s", Suite.profile_budget_s)),
-                  profiles=int(raw.get("profiles", Suite.profiles)))
+    clusters = []
+    for i, c in enumerate(raw["clusters"]):
+        where = f"clusters[{i}]"
+        if not isinstance(c, dict) or not isinstance(c.get("spec"), str) or not isinstance(c.get("plans"), dict):
+            raise bad(f"{where} must be a mapping with spec (a file name) and plans (name: plan)")
+        plans = []
+        for name, compact in c["plans"].items():
+            try:
+                plans.append(PlanCase(str(name), _plan_dict(compact)))
+            except (TypeError, ValueError) as e:
+                raise bad(f"{where} plan {name!r} is not [schedule, sync, period, pipelines]: {e}") from None
+        clusters.append(ClusterCase(spec=base / c["spec"], plans=plans))
+    suite = Suite(model=field(raw, "model", ""), cpus=float(field(raw, "cpus", "")), steps=field(raw, "steps", ""),
+                  warmup=field(raw, "warmup", ""), repeats=field(raw, "repeats", ""), clusters=clusters,
+                  profile_budget_s=float(field(raw, "profile_budget_s", "", False) or Suite.profile_budget_s),
+                  profiles=field(raw, "profiles", "", False) or Suite.profiles)
     if not quick:
         return suite
-    q = raw["quick"]
-    case = next(c for c in clusters if c.spec.name == q["cluster"])
-    plans = [p for p in case.plans if p.name in set(q["plans"])]
-    return Suite(model=suite.model, cpus=float(q.get("cpus", suite.cpus)), steps=int(q["steps"]),
-                 warmup=int(q["warmup"]), repeats=int(q["repeats"]), clusters=[ClusterCase(case.spec, plans)],
-                 profile_budget_s=float(q["profile_budget_s"]))
+    q = raw.get("quick")
+    if not isinstance(q, dict):
+        raise bad("--quick needs a 'quick' mapping: cluster, plans, steps, warmup, repeats, profile_budget_s")
+    case = next((c for c in clusters if c.spec.name == q.get("cluster")), None)
+    if case is None:
+        raise bad(f"quick: cluster must be the spec of one of clusters, got {q.get('cluster')!r}")
+    names = q.get("plans")
+    known = {p.name for p in case.plans}
+    if not isinstance(names, list) or not names or not set(map(str, names)) <= known:
+        raise bad(f"quick: plans must be a list of {case.spec.name}'s plans ({', '.join(sorted(known))}), "
+                  f"got {names!r}")
+    plans = [p for p in case.plans if p.name in set(map(str, names))]
+    return Suite(model=suite.model, cpus=float(field(q, "cpus", "quick: ", False) or suite.cpus),
+                 steps=field(q, "steps", "quick: "), warmup=field(q, "warmup", "quick: "),
+                 repeats=field(q, "repeats", "quick: "), clusters=[ClusterCase(case.spec, plans)],
+                 profile_budget_s=float(field(q, "profile_budget_s", "quick: ")))
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -374,15 +439,10 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite
     check_dir_option("--out", args.out, create=True)
     if args.measurements:
         return calibration, _load_measurements(args.measurements), None
-    import yaml
-
     try:
         return calibration, None, load_suite(args.suite, args.quick)
-    except (OSError, yaml.YAMLError, ValueError, LookupError, TypeError, AttributeError, StopIteration) as e:
-        if isinstance(e, OSError):
-            raise SpantrainError(f"--suite {args.suite}: {e.strerror or e}") from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # yaml's messages run over lines
-        raise SpantrainError(f"--suite {args.suite}: not a calibration suite ({type(e).__name__}: {first})") from None
+    except SpantrainError as e:  # it names the file
+        raise SpantrainError(f"--suite {e}") from None
 
 
 def _load_measurements(path: Path) -> dict[str, Any]:

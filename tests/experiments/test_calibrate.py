@@ -102,7 +102,8 @@ def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
     # found after the whole measurement (about 50 min), with exit code 1
     (["--fit", "no_such_constant"], "--fit takes numeric calibration constants, not no_such_constant"),
     (["--repeats", "0"], "--repeats must be at least 1, got 0"),  # ran the suite's repeats instead
-    (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (KeyError: 'clusters')"),
+    (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (missing 'clusters')"),
+    (["--suite", "MISSING"], "--suite MISSING: No such file or directory"),
 ])
 def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, extra, expected):
     places = {"MISSING": tmp_path / "missing.json", "TMP": tmp_path, "OTHER": tmp_path / "other.json",
@@ -115,6 +116,35 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, e
     for name, path in places.items():
         expected = expected.replace(name, str(path))
     assert out == "" and err.count("\n") == 1 and err.startswith(f"calibrate: error: {expected}"), err
+
+
+_SUITE = {"model": "tiny-gpt", "cpus": 1.0, "steps": 9, "warmup": 3, "repeats": 3,
+          "clusters": [{"spec": "two-region.yaml",
+                        "plans": {"one": ["1f1b", "allreduce", 1, [[8, 4, [["east-0", 0, 8]]]]]}}],
+          "quick": {"cluster": "two-region.yaml", "plans": ["one"], "steps": 4, "warmup": 2, "repeats": 1,
+                    "profile_budget_s": 20}}
+
+
+@pytest.mark.parametrize("change, quick, expected", [
+    ({"steps": "9"}, False, "steps must be an integer >= 1, got '9'"),
+    ({"cpus": 0}, False, "cpus must be a number of cores > 0, got 0"),
+    ({"clusters": [{"spec": "a.yaml"}]}, False, "clusters[0] must be a mapping with spec (a file name) and plans"),
+    ({"clusters": [{"spec": "a.yaml", "plans": {"p": ["1f1b"]}}]}, False,
+     "clusters[0] plan 'p' is not [schedule, sync, period, pipelines]"),
+    ({"quick": {"cluster": "nope.yaml"}}, True, "quick: cluster must be the spec of one of clusters, got 'nope.yaml'"),
+    ({"quick": {**_SUITE["quick"], "plans": ["two"]}}, True, "quick: plans must be a list of two-region.yaml's plans"),
+    ({"quick": {**_SUITE["quick"], "warmup": -1}}, True, "quick: warmup must be an integer >= 0, got -1"),
+])
+def test_load_suite_names_what_is_wrong_with_a_suite(tmp_path, change, quick, expected):
+    # calibrate caught TypeError, AttributeError and StopIteration around load_suite: a bug in it read
+    # as "not a calibration suite"; load_suite now checks the file and raises SpantrainError itself
+    from spantrain.errors import SpantrainError
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({**_SUITE, **change}))
+    with pytest.raises(SpantrainError) as e:
+        calibrate.load_suite(path, quick=quick)
+    assert str(e.value).startswith(f"{path}: not a calibration suite ({expected}"), e.value
 
 
 def test_fit_recovers_a_known_overhead_and_checks_it_on_held_out_clusters():
