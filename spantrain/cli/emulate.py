@@ -98,9 +98,12 @@ def _run(args: argparse.Namespace) -> int:
 def _the_others(results, failed) -> str:
     """What became of the other devices, said only of those it is true of: all of them may have
     ended on their own (the same error everywhere) before the first failure was seen."""
-    others, stopped = len(results) - 1, sum(r.stopped for r in results)
-    if others == 0:
+    others = [r for r in results if r is not failed]
+    stopped = sum(r.stopped for r in others)  # the failed device may be marked stopped too (an interrupt)
+    if not others:
         return "it was the only device"
     if stopped == 0:
         return "the other devices ended on their own"
-    return "the other devices were stopped" if stopped == others else f"{stopped} of the other {others} were stopped"
+    if stopped == len(others):
+        return "the other devices were stopped"
+    return f"{stopped} of the other {len(others)} were stopped"

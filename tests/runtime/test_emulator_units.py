@@ -347,10 +347,20 @@ def test_devices_that_all_failed_on_their_own_are_not_said_to_be_stopped():
                 for k, s in enumerate(stopped)]
 
     # `sh -c 'exit 7'` everywhere: the same error ended every device; none was stopped
-    assert _the_others(ended(False, False, False), None) == "the other devices ended on their own"
-    assert _the_others(ended(False, True, True), None) == "the other devices were stopped"
-    assert _the_others(ended(False, False, True), None) == "1 of the other 2 were stopped"
-    assert _the_others(ended(False), None) == "it was the only device"
+    results = ended(False, False, False)
+    assert _the_others(results, results[0]) == "the other devices ended on their own"
+    results = ended(False, True, True)
+    assert _the_others(results, results[0]) == "the other devices were stopped"
+    results = ended(False, False, True)
+    assert _the_others(results, results[0]) == "1 of the other 2 were stopped"
+    results = ended(False)
+    assert _the_others(results, results[0]) == "it was the only device"
+    # every device stopped (first_failure then takes one of them): it is not one of "the others";
+    # this read "3 of the other 2 were stopped"
+    results = ended(True, True, True)
+    assert _the_others(results, results[1]) == "the other devices were stopped"
+    results = ended(True, False, True)
+    assert _the_others(results, results[0]) == "1 of the other 2 were stopped"
 
 
 def test_a_timeout_exits_124_not_as_bad_input(run_cli, tmp_path, monkeypatch):
