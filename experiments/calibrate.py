@@ -436,13 +436,17 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite
     calibration = Calibration.from_file(args.calibration)
     if args.fit:
         _fit_names(calibration, args.fit)
-    check_dir_option("--out", args.out, create=True)
+    check_dir_option("--out", args.out, creatable=True)
+    measured = suite = None
     if args.measurements:
-        return calibration, _load_measurements(args.measurements), None
-    try:
-        return calibration, None, load_suite(args.suite, args.quick)
-    except SpantrainError as e:  # it names the file
-        raise SpantrainError(f"--suite {e}") from None
+        measured = _load_measurements(args.measurements)
+    else:
+        try:
+            suite = load_suite(args.suite, args.quick)
+        except SpantrainError as e:  # it names the file
+            raise SpantrainError(f"--suite {e}") from None
+    check_dir_option("--out", args.out, create=True)  # once every input has loaded: a bad one leaves none behind
+    return calibration, measured, suite
 
 
 def _load_measurements(path: Path) -> dict[str, Any]:

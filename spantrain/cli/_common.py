@@ -82,10 +82,15 @@ def check_seed(seed: int, flag: str = "--seed") -> None:
         raise SpantrainError(f"{flag} must be an integer from 0 to {MAX_SEED}, got {seed}")
 
 
-def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False) -> None:
+def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False,
+                     creatable: bool = False) -> None:
     """An output directory option: refused in one line (`SpantrainError`) when a file is in
-    its place, or, with `create`, when it cannot be made (no permission, a file above it);
-    checked before any work, not by a worker mid-run."""
+    its place; with `creatable`, when it could not be made or written (a file above it, no
+    permission), checked on the nearest directory that exists and creating nothing, so inputs
+    that turn out bad leave no empty directory behind; with `create`, when making it fails.
+    Checked before any work, not by a worker mid-run."""
+    import tempfile
+
     from spantrain.errors import SpantrainError
 
     if not path:
@@ -93,6 +98,18 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpantrainError(f"{flag} {p} is a file, not a directory: pass a directory")
+    if creatable:
+        nearest = Path(os.path.abspath(p))
+        while not nearest.exists():
+            nearest = nearest.parent
+        if not nearest.is_dir():
+            raise SpantrainError(f"{flag} {p}: Not a directory ({str(nearest)!r} is a file)")
+        try:
+            with tempfile.TemporaryFile(dir=nearest):
+                pass
+        except OSError as e:
+            raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({e.strerror or e}); pass a "
+                                 "directory this user can write") from None
     if create:
         try:
             p.mkdir(parents=True, exist_ok=True)

@@ -72,8 +72,9 @@ def _run(args: argparse.Namespace) -> int:
     # past `<= 0` checks, inf overflowed the shaper's integer arithmetic)
     for flag, value in (("--cpus", args.cpus), ("--max-gbps", args.max_gbps), ("--timeout", args.timeout)):
         check_finite(flag, value, "> 0", value is not None and value > 0)
-    # made now: a --log-dir under a file failed only after the namespaces were up, below their lines
-    check_dir_option("--log-dir", args.log_dir, create=True)
+    # checked now: a --log-dir under a file failed only after the namespaces were up, below their lines;
+    # made by emu.run, once the cluster has loaded (a bad spec leaves no empty directory behind)
+    check_dir_option("--log-dir", args.log_dir, creatable=True)
     try:
         with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode,
                              bandwidth_scale=_scale(args.bandwidth_scale), max_gbps=args.max_gbps,

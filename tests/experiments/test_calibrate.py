@@ -125,6 +125,16 @@ _SUITE = {"model": "tiny-gpt", "cpus": 1.0, "steps": 9, "warmup": 3, "repeats": 
                     "profile_budget_s": 20}}
 
 
+def test_a_bad_input_leaves_no_empty_out_directory(tmp_path, capsys):
+    # --out was made before --measurements or --suite was read
+    for args in (["--measurements", str(tmp_path / "missing.json")], ["--suite", str(tmp_path / "missing.yaml")]):
+        assert calibrate.main([*args, "--json", "--no-track", "--out", str(tmp_path / "new" / "out")]) == 2
+        assert "No such file or directory" in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()
+    assert calibrate.main(["--measurements", str(tmp_path / "missing.json"), "--no-track", "--out", "/proc/out"]) == 2
+    assert capsys.readouterr().err.startswith("calibrate: error: --out /proc/out: cannot write in '/proc' (")
+
+
 @pytest.mark.parametrize("change, quick, expected", [
     ({"steps": "9"}, False, "steps must be an integer >= 1, got '9'"),
     ({"cpus": 0}, False, "cpus must be a number of cores > 0, got 0"),

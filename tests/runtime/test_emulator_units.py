@@ -332,10 +332,16 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
                          (("-c", spec, "--mode", "local", "--log-dir", spec / "logs", "--", "true"),
                           f"--log-dir {spec / 'logs'}: Not a directory"),
                          (("-c", spec, "--mode", "local", "--log-dir", spec, "--", "true"),
-                          f"--log-dir {spec} is a file, not a directory")]:
+                          f"--log-dir {spec} is a file, not a directory"),
+                         (("-c", spec, "--mode", "local", "--log-dir", "/proc/logs", "--", "true"),
+                          "--log-dir /proc/logs: cannot write in '/proc' ("),
+                         # the spec is read after --log-dir is checked: it was made, and left behind empty
+                         (("-c", tmp_path / "none.yaml", "--log-dir", tmp_path / "new" / "logs", "--", "true"),
+                          "file not found")]:
         code, out, err = run_cli("emulate", *args)
         assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, (args, err)
         assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
 
 
 def test_devices_that_all_failed_on_their_own_are_not_said_to_be_stopped():
