@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "print_json",
-           "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite",
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "load_plan",
+           "print_json", "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite",
            "check_seed"]
+
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cluster", "-c", required=required, metavar="FILE", help="cluster spec (YAML or JSON)")
@@ -149,21 +154,32 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=None, default=_default) + "\n")
 
 
-def stdout_console():
+class _StdoutConsole:
+    """What `stdout_console` adds to rich's Console, as a mixin: rich is imported only by the
+    commands that draw a table."""
+
+    quiet: bool
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        # what is still buffered would fail again at exit: send it nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise BrokenPipeError
+
+
+@functools.cache
+def _stdout_console_type() -> type[Console]:
+    from rich.console import Console
+
+    return type("StdoutConsole", (_StdoutConsole, Console), {})
+
+
+def stdout_console() -> Console:
     """A rich Console for a command's tables on stdout. Piped or redirected, rows stay whole at
     120 columns: rich would lay them out for 80 and cut figures short ("41947.…", "A100-8…").
     When the reader leaves (``| head``), the command ends as `spantrain.cli.main` ends any
     command on a closed pipe, exit code 0, where rich's own handler exits 1."""
-    from rich.console import Console
-
-    class StdoutConsole(Console):
-        def on_broken_pipe(self) -> None:
-            self.quiet = True
-            # what is still buffered would fail again at exit: send it nowhere
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise BrokenPipeError
-
-    return StdoutConsole(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    return _stdout_console_type()(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
 
 
 def _default(o: Any) -> Any:

@@ -13,6 +13,8 @@ import sys
 from spantrain.cli._common import add_cluster_arg, check_dir_option, check_finite
 from spantrain.errors import EmulationError
 
+__all__ = ["TIMED_OUT", "register", "run"]
+
 TIMED_OUT = 124
 """Exit code when --timeout stopped the devices, as `timeout` uses."""
 
@@ -37,7 +39,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="only remove what crashed emulator runs left behind, then exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the command to run on every device (after --)")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
 def _scale(text: str) -> float | str:
@@ -51,7 +53,7 @@ def _scale(text: str) -> float | str:
     return value
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
     from spantrain.runtime.emulator.launch import TimedOut
     from spantrain.runtime.emulator.state import sweep_leftovers

@@ -28,6 +28,8 @@ from spantrain._spec import plural
 from spantrain.cli._common import check_finite, check_output_file, print_json
 from spantrain.errors import ExecutionError, WorkloadError
 
+__all__ = ["MAX_BUDGET_S", "MIN_WAIT_S", "register", "run"]
+
 MAX_BUDGET_S = 86400.0
 """A day: longer is a typo, and beyond ~2e13 s the rendezvous timeout (4 x budget) overflows."""
 MIN_WAIT_S = 120.0
@@ -55,7 +57,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", type=float, metavar="N", help="with --cluster: cores the emulated devices share")
     p.add_argument(_RESULT_ARG, help=argparse.SUPPRESS)
     p.add_argument(_DEADLINE_ARG, type=float, help=argparse.SUPPRESS)
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
 def _log(msg: str) -> None:
@@ -76,7 +78,7 @@ def _check(args: argparse.Namespace) -> None:
         check_output_file(args.output, "-o")
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from spantrain.workload import load_workload
 
     _check(args)
