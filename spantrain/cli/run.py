@@ -316,9 +316,9 @@ def _run(args: argparse.Namespace) -> int:
                   "are those of shared cores, not of separate devices")
         elif args.threads and args.threads > 1 and args.threads * world > cores:
             default = max(1, cores // world)  # what the workers take without --threads (threads_per_rank)
-            _note(f"--threads {args.threads} x {world} workers is {args.threads * world} threads on {cores} CPU "
-                  "cores: they will wait for each other (leave --threads out to give each worker cores / workers "
-                  f"= {plural(default, 'thread')})")
+            _note(f"--threads {args.threads} x {plural(world, 'worker')} is {args.threads * world} threads on "
+                  f"{cores} CPU cores: they will wait for each other (leave --threads out to give each worker "
+                  f"cores / workers = {plural(default, 'thread')})")
         from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()

@@ -274,7 +274,7 @@ def test_a_plan_too_big_for_its_devices_and_too_many_threads_run_with_notes(tmp_
                x.endswith("; on real devices it would run out of memory (`spantrain plan` finds one that fits)")
                for x in notes), err
     if cpu_cores() < 8:
-        assert f"spantrain run: note: --threads 8 x 1 workers is 8 threads on {cpu_cores()} CPU cores: they will " \
+        assert f"spantrain run: note: --threads 8 x 1 worker is 8 threads on {cpu_cores()} CPU cores: they will " \
                "wait for each other (leave --threads out to give each worker cores / workers = " \
                f"{cpu_cores()} thread{'s' if cpu_cores() > 1 else ''})" in notes, err
 
