@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "write_text_atomic", "require_writable_dir", "check_keys", "is_figure",
+__all__ = ["read_structured", "write_text_atomic", "cannot_write_in", "require_writable_dir", "check_keys", "is_figure",
            "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "plural",
            "FIGURE_MIN", "FIGURE_MAX"]
 
@@ -124,16 +124,29 @@ def _ctrl_c_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
+def cannot_write_in(directory: str | Path) -> str | None:
+    """Why this user cannot create a file in the existing `directory` (read-only, /proc, no
+    permission), None when it can: tried with a temporary file, which the permission bits
+    alone do not tell (root, read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        return str(e.strerror or e)
+    return None
+
+
 def require_writable_dir(path: str | Path, option: str, error: type[Exception],
                          fix: str = "pass a directory this run can write") -> None:
     """Create the directory `path` (with its parents) and check a file can be written in it,
     before any work: else `error` in one line naming `option` and `fix`."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
     except OSError as e:
         raise error(f"{option} {path} cannot be written ({e.strerror or e}): {fix}") from None
+    reason = cannot_write_in(path)
+    if reason:
+        raise error(f"{option} {path} cannot be written ({reason}): {fix}")
 
 
 def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, problems: list[str]) -> None:

@@ -94,8 +94,7 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
     permission), checked on the nearest directory that exists and creating nothing, so inputs
     that turn out bad leave no empty directory behind; with `create`, when making it fails.
     Checked before any work, not by a worker mid-run."""
-    import tempfile
-
+    from spantrain._spec import cannot_write_in
     from spantrain.errors import SpantrainError
 
     if not path:
@@ -109,12 +108,10 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
             nearest = nearest.parent
         if not nearest.is_dir():
             raise SpantrainError(f"{flag} {p}: Not a directory ({str(nearest)!r} is a file)")
-        try:
-            with tempfile.TemporaryFile(dir=nearest):
-                pass
-        except OSError as e:
-            raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({e.strerror or e}); pass a "
-                                 "directory this user can write") from None
+        reason = cannot_write_in(nearest)
+        if reason:
+            raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); pass a directory this "
+                                 "user can write")
     if create:
         try:
             p.mkdir(parents=True, exist_ok=True)
@@ -129,8 +126,7 @@ def check_output_file(path: str, option: str, fix: str = "give a file name") -> 
     existing device or pipe (``-o /dev/null``) passes: it is written into as it is. Checked
     after the work, a plan minutes in the making was lost to a late "No such file or
     directory"."""
-    import tempfile
-
+    from spantrain._spec import cannot_write_in
     from spantrain.errors import SpantrainError
 
     p = Path(path)
@@ -142,12 +138,10 @@ def check_output_file(path: str, option: str, fix: str = "give a file name") -> 
         what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
         raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")
     parent = Path(os.path.realpath(p)).parent  # where the file is written: a symlink's target's directory
-    try:
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError as e:
-        raise SpantrainError(f"{option} {path}: cannot create a file in {str(parent)!r} ({e.strerror or e}); "
-                             "pass a path in a directory this user can write") from None
+    reason = cannot_write_in(parent)
+    if reason:
+        raise SpantrainError(f"{option} {path}: cannot create a file in {str(parent)!r} ({reason}); pass a path in "
+                             "a directory this user can write")
 
 
 def print_json(obj: Any) -> None:
