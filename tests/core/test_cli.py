@@ -253,6 +253,12 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(entry):
         # killed before the interpreter installed its handler: silent, and 130 to a shell
         if proc.returncode == -signal.SIGINT and out == err == "":
             continue
+        # on a loaded machine the signal can land in the interpreter's own start (site, an
+        # editable install's finder in the venv), before any of spantrain's code runs
+        frames = [x.strip() for x in err.splitlines() if x.strip().startswith('File "')]
+        ours = [x for x in frames if x.startswith(f'File "{ROOT}') and not x.startswith(f'File "{sys.prefix}')]
+        if err.rstrip().endswith("KeyboardInterrupt") and not ours:
+            continue
         assert proc.returncode == 130 and "Traceback" not in err, f"after {delay} s: {err}"
         assert len(err.splitlines()) == 1 and "interrupted" in err, f"after {delay} s: {err}"
 
