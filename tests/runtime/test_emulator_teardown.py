@@ -22,6 +22,8 @@ SPEC = {
 @pytest.fixture
 def emu(tmp_path, monkeypatch):
     monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    # a teardown cut short leaves its register entry for the next run's sweep: keep it in tmp
+    monkeypatch.setattr(state, "REGISTRY", tmp_path / "registry")
     e = EmulatedCluster(Cluster.from_spec(SPEC), mode="local", cpu_limits=False, log=lambda s: None)
     yield e
     e.cleanup()
