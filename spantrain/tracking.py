@@ -64,6 +64,7 @@ class Tracker:
                  tags: list[str] | None = None):
         self.enabled = enabled
         self.run = None
+        self._set_data_dir = False
         if not enabled:
             return
         import wandb
@@ -71,6 +72,12 @@ class Tracker:
         mode = wandb_mode()
         out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
         out.mkdir(parents=True, exist_ok=True)
+        # wandb stages a copy of every table and image it logs under WANDB_DATA_DIR (default
+        # ~/.local/share/wandb) until it is uploaded, which offline is never unless synced: keep
+        # them with the run's other files (until `finish`: wandb reads the variable when it logs)
+        if "WANDB_DATA_DIR" not in os.environ:
+            os.environ["WANDB_DATA_DIR"] = str((out / "data").resolve())
+            self._set_data_dir = True
 
         def init(mode: str, **settings: Any):
             return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
@@ -140,6 +147,9 @@ class Tracker:
         if self.run is not None:
             self.run.finish()
             self.run = None
+        if self._set_data_dir:
+            os.environ.pop("WANDB_DATA_DIR", None)
+            self._set_data_dir = False
 
     def __enter__(self) -> Tracker:
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -76,3 +78,27 @@ def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, 
         assert all(s in records for s in (b"ppo-policy", b"step-96", b"best", b"policy-96.pt"))
     else:
         assert records == b""
+
+
+def test_tables_and_images_stay_with_the_run_not_in_home(tmp_path, monkeypatch):
+    # wandb staged a copy of each under ~/.local/share/wandb, which offline runs never cleared
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spantrain.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.delenv("WANDB_DATA_DIR", raising=False)
+    plt.plot([0, 1])
+    plt.savefig(tmp_path / "curve.png")
+    plt.close()
+    with Tracker(job_type="test", dir=tmp_path / "run") as tracker:
+        tracker.log_table("eval/final", ["case", "ratio"], [["a", 1.0], ["b", 1.02]])
+        tracker.log_image("eval/curve", tmp_path / "curve.png")
+    assert not list((tmp_path / "home").rglob("wandb"))
+    assert [p for p in (tmp_path / "run" / "data").rglob("*") if p.is_file()], "nothing staged with the run"
+    assert "WANDB_DATA_DIR" not in os.environ  # the setting ends with the run
