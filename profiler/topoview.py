@@ -196,6 +196,7 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
     gpus = sorted({d.gpu or "?" for d in cluster.devices})
     gpu_colors = {g: cm.tab10(i % 10) for i, g in enumerate(gpus)}
     idx = cluster.region_index
+    dots: dict[str, list] = {"x": [], "y": [], "s": [], "color": []}
     for k, r in enumerate(regions):
         x, y = pos[r]
         members = [d for d, ri in zip(cluster.devices, idx) if ri == k]
@@ -205,11 +206,15 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
         for j, d in enumerate(members):
             ang = 2 * math.pi * j / max(1, n)
             rad = 0 if n == 1 else ring
-            ax.scatter(x + rad * math.cos(ang), y + rad * math.sin(ang), s=12 + 0.5 * d.tflops,
-                       color=gpu_colors[d.gpu or "?"], edgecolor="k", linewidth=0.3, zorder=3)
+            dots["x"].append(x + rad * math.cos(ang))
+            dots["y"].append(y + rad * math.sin(ang))
+            dots["s"].append(12 + 0.5 * d.tflops)
+            dots["color"].append(gpu_colors[d.gpu or "?"])
         if len(regions) <= 60:
             ax.annotate(f"{r}\n{n} dev, {bw[k, k]:.3g} Gb/s", (x, y - ring * 1.45), ha="center", va="top",
                         fontsize=7, zorder=4)
+    # one collection for every device: one scatter call per device took 18 s at 4,096 devices
+    ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
     for g in gpus:
         ax.scatter([], [], color=gpu_colors[g], edgecolor="k", label=g)
     ax.legend(title="GPU (marker size ~ TFLOP/s)", loc="upper left", fontsize=7, title_fontsize=8,
