@@ -16,7 +16,8 @@ from spantrain.errors import ExecutionError, WorkloadError
 from spantrain.plan import Plan
 from spantrain.workload import Architecture, Workload
 
-__all__ = ["require_arch", "check_run", "check_memory", "resume_state", "cpu_cores", "available_memory_bytes"]
+__all__ = ["require_arch", "check_run", "check_memory", "resume_state", "cpu_cores", "threads_per_rank",
+           "available_memory_bytes"]
 
 
 def require_arch(workload: Workload) -> Architecture:
@@ -33,6 +34,11 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def threads_per_rank(local_world: int) -> int:
+    """CPU threads for one rank when `local_world` ranks share this machine's cores."""
+    return max(1, cpu_cores() // max(1, local_world))
 
 
 def available_memory_bytes() -> int | None:

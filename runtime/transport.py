@@ -31,9 +31,8 @@ import torch
 import torch.distributed as dist
 
 from spantrain.errors import ExecutionError
-from spantrain.runtime.preflight import cpu_cores
 
-__all__ = ["TransferStats", "Transport", "choose_backend", "threads_per_rank"]
+__all__ = ["TransferStats", "Transport", "choose_backend"]
 
 
 def choose_backend(local_rank: int = 0) -> tuple[str, torch.device]:
@@ -208,7 +207,3 @@ class Transport:
         out, self.stats = self.stats, TransferStats()
         return out
 
-
-def threads_per_rank(local_world: int) -> int:
-    """CPU threads for one rank when `local_world` ranks share this machine's cores."""
-    return max(1, cpu_cores() // max(1, local_world))

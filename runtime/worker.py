@@ -43,9 +43,10 @@ from spantrain.runtime.metrics import MetricsLog, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
 from spantrain.runtime.pipeline import build_stage_runner
+from spantrain.runtime.preflight import threads_per_rank
 from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
-from spantrain.runtime.transport import Transport, threads_per_rank
+from spantrain.runtime.transport import Transport
 
 __all__ = ["StopFlag", "run_worker", "guarded"]
 

@@ -248,7 +248,7 @@ def _default_run_dir(torchrun: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.config import OptimConfig, RunConfig
-    from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state
+    from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
 
     _check_numbers(args)
     _check_paths(args)
@@ -315,7 +315,7 @@ def _run(args: argparse.Namespace) -> int:
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
         elif args.threads and args.threads > 1 and args.threads * world > cores:
-            default = max(1, cores // world)  # what the workers take without --threads (threads_per_rank)
+            default = threads_per_rank(world)  # what the workers take without --threads
             _note(f"--threads {args.threads} x {plural(world, 'worker')} is {args.threads * world} threads on "
                   f"{cores} CPU cores: they will wait for each other (leave --threads out to give each worker "
                   f"cores / workers = {plural(default, 'thread')})")
