@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
-__all__ = ["INTERRUPTED", "quit_on_ctrl_c", "install", "command_starts"]
+__all__ = ["INTERRUPTED", "STOP_SIGNALS", "quit_on_ctrl_c", "install", "command_starts", "SignalsHeld"]
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), what a shell reports for a process SIGINT ended."""
@@ -61,3 +63,62 @@ def command_starts(command: str, *, handles_ctrl_c: bool) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     else:
         _message = f"spantrain {command}: interrupted\n".encode()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What a user stops a command with: Ctrl-C, `kill`/`timeout`, a closed terminal."""
+_HOLD_LIMIT_S = 10.0
+"""How long a held signal waits before a repeated one gets through (a hung `ip` or `tc`)."""
+
+
+class SignalsHeld:
+    """Holds `signals` (default `STOP_SIGNALS`) while the block runs; `deliver()` re-raises the
+    first one. For work that must not be cut in half: the emulator's teardown, an atomic write.
+
+    A second Ctrl-C while the emulator's teardown ran (seconds for many devices) cut it short and
+    left namespaces, cgroups and the run directory behind until the next start, so the teardown
+    runs to the end first. The signal is not dropped: ``run --emulate --adapt`` tears the emulator
+    down at every plan switch and trains on, and a SIGTERM during the last teardown must not end
+    the process with exit code 0. `deliver()`, called once the caller's handlers are back, raises
+    the first signal held (`signal.raise_signal`), unless `deliver` was false: the teardown runs
+    because of an interrupt already being handled. Should the teardown hang (each `ip`/`tc` call
+    times out only after 60 s), the same signal again, `_HOLD_LIMIT_S` after the first, gets
+    through at once. Main thread only (Python sets handlers nowhere else); an ignored signal
+    stays ignored.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, deliver: bool = True):
+        self.signals = signals
+        self.want_delivery = deliver
+        self.first: int | None = None
+        self._since = 0.0
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> SignalsHeld:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._hold) for sig in self.signals
+                         if signal.getsignal(sig) is not signal.SIG_IGN}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        old, self._old = self._old, {}
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _hold(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first, self._since = signum, now
+        elif signum == self.first and now - self._since > _HOLD_LIMIT_S:
+            self.first = None  # delivered now, not again
+            self._restore()
+            signal.raise_signal(signum)
+
+    def deliver(self) -> None:
+        """Raise the first signal held, to whatever handles it now (call after restoring handlers)."""
+        first, self.first = self.first, None
+        if first is not None and self.want_delivery:
+            signal.raise_signal(first)

@@ -14,8 +14,6 @@ import os
 import re
 import signal
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,35 +91,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def _replace_file(path: Path, text: str) -> None:
     """Write a temporary file beside `path`, then rename it over `path`."""
+    from spantrain._interrupt import SignalsHeld
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with _ctrl_c_deferred():
+    # Ctrl-C takes effect once the file is whole: `topo`, `plan` and the like quit on it with
+    # os._exit (`spantrain._interrupt`), which runs no `finally`, and left the temporary file behind
+    held = SignalsHeld((signal.SIGINT,))
+    with held:
         try:
             tmp.write_text(text)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
-    """Ctrl-C during the block takes effect when it ends, as it would have.
-
-    `topo`, `plan` and the like quit on Ctrl-C with os._exit (`spantrain._interrupt`), which
-    runs no `finally`: a Ctrl-C mid-write left the temporary file behind. Python runs signal
-    handlers in the main thread only, so elsewhere there is nothing to defer."""
-    handler = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or handler in (None, signal.SIG_IGN):
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        if caught:
-            signal.raise_signal(signal.SIGINT)
+    held.deliver()
 
 
 def cannot_write_in(directory: str | Path) -> str | None:

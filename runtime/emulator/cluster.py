@@ -22,13 +22,12 @@ import shutil
 import signal
 import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from spantrain._interrupt import SignalsHeld
 from spantrain._spec import plural
 from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
@@ -128,14 +127,14 @@ class EmulatedCluster:
 
         Never raises (it runs while an error unwinds, and at exit) except to deliver a signal it
         held: Ctrl-C, SIGTERM or SIGHUP while it runs waits until the teardown is done and the
-        original handlers are back (`_SignalsHeld`), then takes effect. What could not be removed
+        original handlers are back (`SignalsHeld`), then takes effect. What could not be removed
         is logged in one line, returned, and swept at the next start.
         """
         if self.names is None:
             return []
         names, self.names = self.names, None
         # Called while a Ctrl-C (or SIGTERM, raised as one) unwinds, a further one is that same interrupt.
-        held = _SignalsHeld(deliver=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
+        held = SignalsHeld(deliver=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
         try:
             with held:
                 problems = state.teardown(names)
@@ -346,62 +345,6 @@ class EmulatedCluster:
         atexit.unregister(self.cleanup)
         stop_signals.restore(self._old_handlers)
         self._old_handlers = {}
-
-
-_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_HOLD_LIMIT_S = 10.0
-"""How long a held signal waits before a repeated one gets through (a hung `ip` or `tc`)."""
-
-
-class _SignalsHeld:
-    """Holds Ctrl-C, SIGTERM and SIGHUP while the block runs; `deliver()` re-raises the first one.
-
-    A second Ctrl-C while the first one's teardown ran (seconds for many devices) cut it short and
-    left namespaces, cgroups and the run directory behind until the next start, so the teardown
-    runs to the end first. The signal is not dropped: ``run --emulate --adapt`` tears the emulator
-    down at every plan switch and trains on, and a SIGTERM during the last teardown must not end
-    the process with exit code 0. `deliver()`, called once the caller's handlers are back, raises
-    the first signal held (`signal.raise_signal`), unless `deliver` was false: the teardown runs
-    because of an interrupt already being handled. Should the teardown hang (each `ip`/`tc` call
-    times out only after 60 s), the same signal again, `_HOLD_LIMIT_S` after the first, gets
-    through at once. Main thread only (Python sets handlers nowhere else); an ignored signal
-    stays ignored.
-    """
-
-    def __init__(self, deliver: bool = True):
-        self.want_delivery = deliver
-        self.first: int | None = None
-        self._since = 0.0
-        self._old: dict[int, object] = {}
-
-    def __enter__(self) -> _SignalsHeld:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {sig: signal.signal(sig, self._hold) for sig in _HELD
-                         if signal.getsignal(sig) is not signal.SIG_IGN}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        old, self._old = self._old, {}
-        for sig, handler in old.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-    def _hold(self, signum: int, frame: object) -> None:
-        now = time.monotonic()
-        if self.first is None:
-            self.first, self._since = signum, now
-        elif signum == self.first and now - self._since > _HOLD_LIMIT_S:
-            self.first = None  # delivered now, not again
-            self._restore()
-            signal.raise_signal(signum)
-
-    def deliver(self) -> None:
-        """Raise the first signal held, to whatever handles it now (call after restoring handlers)."""
-        first, self.first = self.first, None
-        if first is not None and self.want_delivery:
-            signal.raise_signal(first)
 
 
 def _host_name(device_id: str) -> str:

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from spantrain import _interrupt
 from spantrain.cluster import Cluster
-from spantrain.runtime.emulator import EmulatedCluster, cluster, state
+from spantrain.runtime.emulator import EmulatedCluster, state
 
 SPEC = {
     "name": "teardown",
@@ -85,7 +86,7 @@ def test_ctrl_c_during_a_ctrl_c_teardown_is_the_same_interrupt(emu, monkeypatch)
 
 
 def test_a_repeated_signal_gets_through_a_teardown_that_hangs(emu, monkeypatch):
-    monkeypatch.setattr(cluster, "_HOLD_LIMIT_S", 0.2)
+    monkeypatch.setattr(_interrupt, "_HOLD_LIMIT_S", 0.2)
     emu.setup()
     log = _teardown_signalled(monkeypatch, signal.SIGINT, times=2, pause_s=0.3)
     with pytest.raises(KeyboardInterrupt):
