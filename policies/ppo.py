@@ -40,7 +40,7 @@ from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
-           "load_value_head", "improve", "default_samples"]
+           "load_value_head", "load_failure", "improve", "default_samples"]
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
 _FORMAT = 1
@@ -90,7 +90,7 @@ def load_policy(path: str | Path | None = None):
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # text, a foreign pickle, an empty or truncated file
-        raise PolicyError(f"{path}: not a spantrain policy file ({_load_failure(e)})") from None
+        raise PolicyError(f"{path}: not a spantrain policy file ({load_failure(e)})") from None
     if not isinstance(blob, dict) or "format" not in blob:
         what = "a dict without a 'format' key" if isinstance(blob, dict) else f"a {type(blob).__name__}"
         raise PolicyError(f"{path}: not a spantrain policy file (it holds {what})")
@@ -100,13 +100,13 @@ def load_policy(path: str | Path | None = None):
         net = GraphPolicyNet(**blob["net"])
         net.load_state_dict(blob["state_dict"])
     except Exception as e:  # a policy file whose network does not build: say which and how to fix it
-        raise PolicyError(f"policy file {path} is unusable ({_load_failure(e)}); retrain it with "
+        raise PolicyError(f"policy file {path} is unusable ({load_failure(e)}); retrain it with "
                           f"`spantrain train-policy`{heuristic}") from None
     net.eval()
     return net, blob.get("env", {}), blob.get("meta", {})
 
 
-def _load_failure(e: Exception) -> str:
+def load_failure(e: Exception) -> str:
     """A short reason a file did not load: torch's messages run to many lines of advice."""
     import pickle
 

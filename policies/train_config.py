@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,11 @@ class TrainConfig:
     """Start from this policy file's weights instead of imitation: a checkpoint, an
     interrupted run's `interrupted-policy.pt`, or the shipped policy (its hidden and
     layers must match this run's)."""
+    resume: bool = False
+    """Continue the run in out_dir from the state it saved after its last PPO update, or at
+    Ctrl-C, SIGTERM or its end (`spantrain.policies.resume`): weights, Adam's moments, step counters, curve, best
+    policy, W&B run. Its settings are kept; only timesteps (raise it to train a finished run
+    further), eval_every, workers, track, progress and cache_dir may change."""
     eval_every: int = 25_000
     """Steps between evaluations against the heuristic."""
     eval_scenarios: int = 24
@@ -112,6 +118,9 @@ class TrainConfig:
                                  "nothing to train")
         if self.init_policy is not None and (not isinstance(self.init_policy, str) or not self.init_policy):
             raise SpantrainError(f"TrainConfig.init_policy must be a policy file path, got {self.init_policy!r}")
+        if self.init_policy and self.resume:
+            raise SpantrainError("TrainConfig.init_policy and TrainConfig.resume: a resumed run continues from its "
+                                 "own state; pass one of them")
         if self.init_policy and self.timesteps == 0:
             raise SpantrainError("TrainConfig.init_policy replaces imitation and TrainConfig.timesteps is 0: "
                                  "nothing to train")
@@ -152,6 +161,17 @@ class TrainConfig:
         _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1)
         _check_number("learning_rate", self.learning_rate, "> 0", lambda v: v > 0)
         _check_number("ent_coef", self.ent_coef, ">= 0", lambda v: v >= 0)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """A config from `dataclasses.asdict` output (a resume state's, or JSON's: lists
+        become the tuples they were); unknown keys are an error naming them."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise SpantrainError(f"TrainConfig has no field {', '.join(unknown)}")
+        return cls(**{k: tuple(v) if isinstance(fields[k].default, tuple) and isinstance(v, list) else v
+                      for k, v in values.items()})
 
     def _check_models(self) -> None:
         from spantrain.workload import PRESETS

@@ -9,9 +9,11 @@ evaluation and at the end, plus `best-policy.pt`: the one with the best held-out
 and tracks config, reward and evaluation curves, PPO's diagnostics and the final
 evaluation table in W&B (offline unless the user is logged in), with every policy file as a
 version of the W&B model artifact `ppo-policy`; the final evaluation's rows also go to
-`final_eval.csv`. Ctrl-C saves the
-weights so far as `interrupted-policy.pt` (`TrainingInterrupted`); `init_policy`
-continues from such a file, or any policy file, instead of imitating.
+`final_eval.csv`. From PPO's start on, every update, evaluation, Ctrl-C and the run's end
+write the whole training state (`spantrain.policies.resume`), which `resume` continues from
+exactly where PPO's last update left it. Ctrl-C also saves the weights so far as
+`interrupted-policy.pt` (`TrainingInterrupted`); `init_policy` starts a new run from such a
+file, or any policy file, instead of imitating.
 """
 
 from __future__ import annotations
@@ -133,8 +135,8 @@ def _check_out_dir(out: Path) -> None:
     previous = [p for p in (out / "best-policy.pt", out / "ppo-policy.pt", out / "interrupted-policy.pt")
                 if p.exists()] + sorted((out / "checkpoints").glob("policy-*.pt"))
     if previous:
-        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): pass "
-                             "another directory, or remove that one to start anew")
+        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): continue "
+                             "it with TrainConfig.resume, pass another directory, or remove that one to start anew")
     require_writable_dir(out, "TrainConfig.out_dir", SpantrainError)
 
 
@@ -148,10 +150,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     from spantrain.policies.extractor import MaskableGraphPolicy
     from spantrain.policies.ppo import load_policy, load_value_head, save_policy
+    from spantrain.policies.resume import ResumeState
     from spantrain.policies.starts import HeuristicStarts
     from spantrain.tracking import Tracker, wandb_mode
 
     t_start = time.perf_counter()
+    out = Path(config.out_dir)
+    resumed = None
+    if config.resume:  # first: a run that cannot resume should fail in seconds
+        resumed = ResumeState.from_dir(out)
+        resumed.check_config(config)
+    prior_s = resumed.wall_s if resumed else 0.0
+
+    def elapsed() -> float:
+        """Seconds this run has trained, the parts before a resume included."""
+        return prior_s + time.perf_counter() - t_start
+
     init = None
     if config.init_policy:  # before the heuristic starts: a wrong file should fail in seconds
         if not Path(config.init_policy).exists():  # a directory: load_policy says so
@@ -168,15 +182,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
     # one intra-op thread: the graphs are small, and a second thread fighting for the same
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)
-    out = Path(config.out_dir)
-    _check_out_dir(out)
+    if resumed is None:
+        _check_out_dir(out)
     torch.manual_seed(config.seed)
     env_cfg = config.env_config()
     eval_cfg = held_out_config(config)
     starts = HeuristicStarts(config.cache_dir)
     missing = starts.prepare(scenario_pool(env_cfg) + scenario_pool(eval_cfg), workers=config.workers,
                              progress=config.progress)
-    t_starts = time.perf_counter() - t_start
+    t_starts = (resumed.starts_s if resumed else 0.0) + time.perf_counter() - t_start
     eval_keys = scenario_pool(eval_cfg)
     eval_scenarios = _scenarios(eval_keys, starts) + _adaptation_scenarios(eval_keys, starts, eval_cfg)
     if not eval_scenarios:
@@ -201,18 +215,32 @@ def train(config: TrainConfig) -> dict[str, Any]:
         value = load_value_head(config.init_policy)
         if value is not None:
             model.policy.value_net.load_state_dict(value)
+    if resumed is not None:
+        _restore(model, resumed)
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
-                      dir=out / "wandb")
+                      dir=out / "wandb", run_id=resumed.wandb_id if resumed else None)
     wandb_run = tracker.url_or_dir
+    if resumed is not None:
+        print(f"train-policy: resuming {out} at PPO step {resumed.num_timesteps:,} (its last update)"
+              + (f", W&B run {resumed.wandb_id}" if tracker.run_id and tracker.run_id == resumed.wandb_id else ""),
+              file=sys.stderr)
     if wandb_run:  # wandb itself is silenced: say where to follow the run
         print(f"train-policy: W&B run {wandb_run}", file=sys.stderr)
     # PPO's own diagnostics (losses, KL, clip fraction, fps) go to W&B; SB3's default
     # logger would instead leave an empty SB3-<time> directory in /tmp on every run
     model.set_logger(Logger(folder=None, output_formats=[_tracker_writer(tracker)]))
-    curve: list[dict[str, float]] = []
-    best: dict[str, Any] = {}  # the evaluated policy with the best held-out geomean so far
-    imitation: list[dict[str, Any]] = []
+    curve: list[dict[str, float]] = list(resumed.curve) if resumed else []
+    # the evaluated policy with the best held-out geomean so far
+    best: dict[str, Any] = dict(resumed.best) if resumed else {}
+    imitation: list[dict[str, Any]] = list(resumed.imitation) if resumed else []
+    learned = {"steps": model.num_timesteps}  # PPO steps the last update learned from
+
+    def save_state(*, finished: bool = False) -> None:
+        ResumeState(config=asdict(config), num_timesteps=learned["steps"], n_updates=model._n_updates,
+                    policy=model.policy.state_dict(), optimizer=model.policy.optimizer.state_dict(),
+                    torch_rng=torch.get_rng_state(), curve=curve, best=best, imitation=imitation,
+                    starts_s=t_starts, wall_s=elapsed(), wandb_id=tracker.run_id, finished=finished).save(out)
 
     def checkpoint(steps: int) -> None:
         """Held-out evaluation, logged, and a policy file."""
@@ -221,7 +249,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         net.train()
         point = {"steps": steps, **{k: result[k] for k in ("median_ratio", "geomean_ratio", "better_1pct",
                                                              "planning_geomean", "adaptation_geomean")},
-                 "wall_s": time.perf_counter() - t_start}
+                 "wall_s": elapsed()}
         curve.append(point)
         tracker.log({f"eval/{k}": v for k, v in point.items() if k != "steps"}, step=steps)
         path = save_policy(net, out / "checkpoints" / f"policy-{steps}.pt", env=env_settings, meta=point,
@@ -229,6 +257,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tracker.log_artifact(path, name=POLICY_ARTIFACT, type="model", aliases=[f"step-{steps}"], metadata=point)
         if not best or point["geomean_ratio"] > best["geomean_ratio"]:
             best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path))
+        save_state()
 
     class Hooks(BaseCallback):
         """Progress bar, episode stats, periodic held-out evaluation and checkpoints."""
@@ -237,12 +266,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
             from tqdm import tqdm
 
             rollout = config.n_steps * config.n_envs  # PPO stops after the rollout that reaches timesteps
-            total = -(-config.timesteps // rollout) * rollout
-            self.bar = tqdm(total=total, desc="train-policy", unit="step", disable=not config.progress)
-            self.next_eval = config.eval_every
+            first = self.num_timesteps
+            total = first + -(-(config.timesteps - first) // rollout) * rollout
+            self.bar = tqdm(total=total, initial=first, desc="train-policy", unit="step",
+                            disable=not config.progress)
+            # the next multiple of eval_every the curve has not reached (a resumed run's may have)
+            done = max([first, *(p["steps"] for p in curve)])
+            self.next_eval = (done // config.eval_every + 1) * config.eval_every
             self.returns: list[float] = []
             self.gains: list[float] = []
             self.running = np.zeros(config.n_envs)
+
+        def _on_rollout_start(self) -> None:
+            learned["steps"] = self.num_timesteps  # the previous rollout's update is done
+            # milliseconds a rollout of seconds: a run killed outright loses one rollout at most
+            save_state()
 
         def _on_step(self) -> bool:
             self.bar.update(config.n_envs)
@@ -274,7 +312,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     phase = "imitation"
     try:
-        if config.imitation_episodes and init is None:
+        if config.imitation_episodes and init is None and resumed is None:
             from spantrain.policies.imitation import clone
 
             expert_env = PlanEnv(env_cfg, start=starts)
@@ -284,16 +322,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
                                                    gamma=config.gamma, seed=config.seed, progress=config.progress)]
             tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
         phase = "ppo"
-        if imitation or init is not None:
+        if resumed is None and (imitation or init is not None):
             checkpoint(0)
-        if config.timesteps:
+        if config.timesteps > model.num_timesteps:
             hooks = Hooks()
             try:
-                model.learn(total_timesteps=config.timesteps, callback=hooks)
+                model.learn(total_timesteps=config.timesteps - model.num_timesteps, callback=hooks,
+                            reset_num_timesteps=resumed is None)
             finally:  # on Ctrl-C too: the interrupted line then starts on a line of its own
                 hooks.close()
+            learned["steps"] = model.num_timesteps
             model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
-        t_train = time.perf_counter() - t_start
+        t_train = elapsed()
         phase = "final evaluation"
         net.eval()
         final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
@@ -317,17 +357,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
                    "curve": curve, "imitation": imitation, "final": meta["final_eval"],
                    "final_rows": str(rows_path), "wandb": wandb_run}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        save_state(finished=True)
     except KeyboardInterrupt:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
+        resumable = phase != "imitation"
+        if resumable:
+            save_state()
         path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
                            meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,
                                  "config": asdict(config)})
         tracker.summary({"interrupted": phase, "interrupted_steps": steps})
         tracker.finish()
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
-        raise TrainingInterrupted(f"during {where}; the weights so far are in {path} "
-                                  f"(continue with --init-policy {path} and another --out-dir)", path) from None
+        how = (f"continue the run with --resume --out-dir {out}" if resumable else
+               f"start from them with --init-policy {path} and another --out-dir")
+        raise TrainingInterrupted(f"during {where}; the weights so far are in {path} ({how})", path) from None
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
@@ -346,6 +391,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
                                   f"{best['policy']}, the summary in {out / 'summary.json'}",
                                   Path(best["policy"])) from None
     return summary
+
+
+def _restore(model, state) -> None:
+    """Put a resumed run's PPO back as it was: weights, Adam, counters, random state; its
+    environments start fresh episodes from a seed of their own (the first part's would
+    replay its opening episodes)."""
+    import torch
+
+    model.policy.load_state_dict(state.policy)
+    model.policy.optimizer.load_state_dict(state.optimizer)
+    model.num_timesteps = state.num_timesteps
+    model._n_updates = state.n_updates
+    torch.set_rng_state(state.torch_rng)
+    seed = int(np.random.SeedSequence([state.config["seed"], state.num_timesteps]).generate_state(1)[0])
+    model.env.seed(seed)  # used by the reset that starts `learn`
 
 
 def _write_rows(path: Path, rows: list[list[Any]]) -> Path:

@@ -10,7 +10,7 @@ Modules, one job each:
 - `sync`: per-layer data-parallel sync among the layer's holders (allreduce, hierarchical, local-sgd).
 - `optim`, `checkpoint`, `metrics`: AdamW, layer-keyed DCP checkpoints, per-step metrics.
 - `worker` (one rank), `launcher` + `entry` (local processes and their supervisor),
-  `stop_signals` (SIGTERM/SIGHUP unwind a launcher or emulated cluster like Ctrl-C),
+  `stop_signals` (SIGTERM/SIGHUP unwind a launcher, an emulated cluster or `train-policy` like Ctrl-C),
   `preflight` (refusals before any process starts), `config` (what a worker is told),
   `reference` (single-process training on the same samples).
 """

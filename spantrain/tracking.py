@@ -61,7 +61,10 @@ class Tracker:
 
     def __init__(self, *, project: str = "spantrain", job_type: str, config: dict[str, Any] | None = None,
                  name: str | None = None, enabled: bool = True, dir: str | Path | None = None,
-                 tags: list[str] | None = None):
+                 tags: list[str] | None = None, run_id: str | None = None):
+        """`run_id`: continue that run (a resumed job): online, W&B appends to it; offline, a
+        new directory holds this part under the same id, and `wandb sync` of every part
+        uploads them into one run."""
         self.enabled = enabled
         self.run = None
         self._set_data_dir = False
@@ -81,7 +84,8 @@ class Tracker:
 
         def init(mode: str, **settings: Any):
             return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
-                              dir=str(out), tags=tags, reinit="finish_previous",
+                              dir=str(out), tags=tags, reinit="finish_previous", id=run_id,
+                              resume="allow" if run_id else None,
                               settings=wandb.Settings(silent=True, console="off", **settings))
 
         if mode in ("offline", "disabled", "dryrun"):
@@ -132,6 +136,13 @@ class Tracker:
     def summary(self, values: dict[str, Any]) -> None:
         if self.run is not None:
             self.run.summary.update(values)
+
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run's id (what `run_id` takes to continue it); None untracked or disabled."""
+        if self.run is None or getattr(self.run, "disabled", False):
+            return None
+        return self.run.id
 
     @property
     def url_or_dir(self) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["field_docs", "add_dataclass_args", "dataclass_from_args", "flag", "flags_in_errors"]
+__all__ = ["field_docs", "add_dataclass_args", "given_args", "dataclass_from_args", "flag", "flags_in_errors"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -90,8 +90,8 @@ def _scalar_type(hint: Any) -> type:
     return str
 
 
-def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
-    """An instance of `cls` from the flags the user gave (others keep their defaults)."""
+def given_args(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of `cls` whose flags the user gave, parsed (A,B,... into a tuple)."""
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         value = getattr(args, f.name, None)
@@ -100,5 +100,9 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
         if isinstance(f.default, tuple):
             value = tuple(x.strip() for x in str(value).split(",") if x.strip())
         kwargs[f.name] = value
-    kwargs.update(overrides)
-    return cls(**kwargs)
+    return kwargs
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any):
+    """An instance of `cls` from the flags the user gave (others keep their defaults)."""
+    return cls(**{**given_args(cls, args), **overrides})

@@ -27,13 +27,20 @@ def run(args: argparse.Namespace) -> int:
     from spantrain.policies.ppo import SHIPPED_POLICY
     from spantrain.policies.train_config import TrainConfig
     from spantrain.policies.training import train
+    from spantrain.runtime import stop_signals
 
     with flags_in_errors(TrainConfig):
-        config = dataclass_from_args(TrainConfig, args)
+        config = _resumed_config(args) if args.resume else dataclass_from_args(TrainConfig, args)
         _check_dirs(config)
         if args.ship:
             _check_ship(SHIPPED_POLICY)
-        summary = train(config)
+        # `kill`, a scheduler's SIGTERM or a closed terminal stop the run as Ctrl-C does,
+        # saving what it learned, instead of ending it where it stands
+        signals = stop_signals.install()
+        try:
+            summary = train(config)
+        finally:
+            stop_signals.restore(signals)
     if args.ship:
         # whole or not at all: `ppo` and `auto` load this file
         tmp = SHIPPED_POLICY.with_suffix(".pt.tmp")
@@ -58,6 +65,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     return 0
+
+
+def _resumed_config(args: argparse.Namespace):
+    """With --resume, the flags not given keep the run's own settings (so the command needs
+    only --resume and --out-dir); `ResumeState.check_config` then names any given flag
+    that may not change."""
+    from spantrain.cli._dataclass_args import given_args
+    from spantrain.policies.resume import ResumeState
+    from spantrain.policies.train_config import TrainConfig
+
+    given = given_args(TrainConfig, args)
+    saved = ResumeState.from_dir(given.get("out_dir", TrainConfig.out_dir)).config
+    return TrainConfig.from_dict({**saved, "init_policy": None, **given})
 
 
 def _check_dirs(config) -> None:

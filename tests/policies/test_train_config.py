@@ -171,8 +171,8 @@ def test_an_out_dir_holding_another_run_is_refused_before_any_work(run_cli, tmp_
     code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", run, "--cache-dir", tmp_path / "cache")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [f"spantrain train-policy: error: --out-dir {run} already holds a training run "
-                                        f"({run / previous}): pass another directory, or remove that one to start "
-                                        "anew"], err
+                                        f"({run / previous}): continue it with --resume, pass another directory, "
+                                        "or remove that one to start anew"], err
     assert (run / previous).read_bytes() == b"a previous run's policy"
     assert [p for p in run.rglob("*") if p.is_file()] == [run / previous]  # nothing written beside it
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed

@@ -1,0 +1,188 @@
+"""`spantrain train-policy --resume`: an interrupted or finished run continues from its state."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from spantrain.env.plan_env import PlanEnv
+from spantrain.errors import SpantrainError
+from spantrain.policies.resume import RESUME_FILE, ResumeState
+from spantrain.policies.train_config import TrainConfig
+
+TINY = ["--n-envs", "2", "--n-steps", "24", "--batch-size", "24", "--n-epochs", "1", "--max-devices", "6",
+        "--min-devices", "4", "--models", "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2",
+        "--eval-every", "48", "--hidden", "16", "--layers", "1", "--imitation-episodes", "0", "--no-progress",
+        "--workers", "1"]
+"""PPO from a random policy: rollouts of 2 x 24 steps, an evaluation every 48."""
+
+
+def _state(**changes) -> ResumeState:
+    config = TrainConfig(timesteps=96, hidden=16, layers=1)
+    values = {"config": dataclasses.asdict(config), "num_timesteps": 48, "n_updates": 1,
+              "policy": {"w": torch.ones(2)}, "optimizer": {"state": {}},
+              "torch_rng": torch.get_rng_state(), "curve": [{"steps": 48, "geomean_ratio": 1.0}], **changes}
+    assert TrainConfig.from_dict(values["config"]) == config
+    return ResumeState(**values)
+
+
+def test_state_round_trips_through_its_file_and_leaves_no_temporary(tmp_path):
+    state = _state(best={"steps": 48, "geomean_ratio": 1.0, "policy": "p.pt"}, wandb_id="abc")
+    path = state.save(tmp_path)
+    assert path == tmp_path / RESUME_FILE and [p.name for p in tmp_path.iterdir()] == [RESUME_FILE]
+    again = ResumeState.from_dir(tmp_path)
+    assert again.config == state.config and again.curve == state.curve and again.wandb_id == "abc"
+    assert torch.equal(again.policy["w"], state.policy["w"]) and torch.equal(again.torch_rng, state.torch_rng)
+
+
+def test_config_from_its_dict_rebuilds_tuples_and_names_unknown_keys():
+    config = TrainConfig(models=("gpt2-xl",), timesteps=10)
+    as_json = json.loads(json.dumps(dataclasses.asdict(config)))
+    assert TrainConfig.from_dict(as_json) == config
+    with pytest.raises(SpantrainError, match="TrainConfig has no field colour"):
+        TrainConfig.from_dict({**as_json, "colour": 1})
+
+
+def test_only_how_long_and_how_a_run_trains_may_change(tmp_path):
+    state = _state()
+    run = TrainConfig.from_dict(state.config)
+    state.check_config(TrainConfig.from_dict({**state.config, "timesteps": 500, "workers": 2, "track": False,
+                                              "resume": True, "eval_every": 7}))
+    with pytest.raises(SpantrainError) as e:
+        state.check_config(TrainConfig.from_dict({**state.config, "learning_rate": 0.5, "gamma": 0.5}))
+    assert ("TrainConfig.learning_rate 0.5 (the run's: 0.0001); TrainConfig.gamma 0.5 (the run's: 0.95)"
+            in str(e.value))
+    _state(finished=True).check_config(run)  # 48 of 96 steps: the rest is trained
+    with pytest.raises(SpantrainError, match=r"finished at PPO step 96: pass TrainConfig\.timesteps above that"):
+        _state(finished=True, num_timesteps=96).check_config(run)
+    with pytest.raises(SpantrainError, match=r"TrainConfig\.init_policy and TrainConfig\.resume"):
+        TrainConfig(resume=True, init_policy="p.pt")
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "imitation only", "damaged", "foreign"])
+def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
+    run = tmp_path / "run"
+    if case != "missing":
+        run.mkdir()
+    if case == "imitation only":
+        (run / "interrupted-policy.pt").write_bytes(b"weights")
+    if case == "damaged":
+        (run / RESUME_FILE).write_bytes(b"\x80\x02 half a file")
+    if case == "foreign":
+        torch.save({"format": 99}, run / RESUME_FILE)
+    code, out, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    expected = {"missing": f"nothing to resume in {run}: it does not exist; start a run there without --resume",
+                "empty": f"it holds no {RESUME_FILE}, which a run writes from PPO's start on",
+                "imitation only": "start anew without --resume, in another --out-dir or after removing this one",
+                "damaged": f"{run / RESUME_FILE} is damaged (",
+                "foreign": "is not a resume state of this spantrain version; start a new run from one of its "
+                           "policy files instead (--init-policy, in another --out-dir)"}[case]
+    assert expected in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch):
+    from sb3_contrib import MaskablePPO
+
+    run = tmp_path / "run"
+    real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
+    calls = {"rollouts": 0, "steps": 0}
+
+    def count_rollouts(self, *args, **kwargs):
+        calls["rollouts"] += 1
+        return real_collect(self, *args, **kwargs)
+
+    def ctrl_c_in_the_second_rollout(self, action):
+        if calls["rollouts"] == 2:
+            calls["steps"] += 1
+            if calls["steps"] == 20:  # the 10th of 2 environments: after PPO step 66
+                raise KeyboardInterrupt
+        return real_step(self, action)
+
+    with monkeypatch.context() as m:
+        m.setattr(PlanEnv, "step", ctrl_c_in_the_second_rollout)
+        m.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+        code, _, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir",
+                               tmp_path / "cache", *TINY)
+    assert code == 130 and "during PPO step 66 of 144" in err, err
+    assert f"(continue the run with --resume --out-dir {run})" in err, err
+    saved = ResumeState.from_dir(run)
+    # the state is that of the last update; the cut rollout's steps were not learned from
+    assert not saved.finished and saved.num_timesteps == 48 and saved.n_updates == 1
+    assert [p["steps"] for p in saved.curve] == [48]
+    first_id = saved.wandb_id
+    assert first_id
+
+    # the command needs no other flag: the run's own settings come back, Adam's moments with them
+    seen = {}
+    real_learn = MaskablePPO.learn
+
+    def spy(self, *args, **kwargs):
+        seen.update(optimizer=copy.deepcopy(self.policy.optimizer.state_dict()), steps=self.num_timesteps,
+                    policy={k: v.clone() for k, v in self.policy.state_dict().items()})
+        return real_learn(self, *args, **kwargs)
+
+    monkeypatch.setattr(MaskablePPO, "learn", spy)
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
+    assert code == 0, err
+    assert f"train-policy: resuming {run} at PPO step {saved.num_timesteps} (its last update), W&B run {first_id}" \
+        in err, err
+    assert seen["steps"] == saved.num_timesteps
+    for key, value in saved.policy.items():
+        assert torch.equal(seen["policy"][key], value), key
+    moments = [s["exp_avg"] for s in seen["optimizer"]["state"].values()]
+    assert moments and all(torch.equal(a, s["exp_avg"]) for a, s in
+                           zip(moments, saved.optimizer["state"].values(), strict=True))
+    summary = json.loads((run / "summary.json").read_text())
+    # one curve over both parts: every evaluation once, up to the step budget
+    assert [p["steps"] for p in summary["curve"]] == [48, 96, 144]
+    assert summary["final"]["cases"] == 4 and (run / "best-policy.pt").exists()
+    # both parts log to one W&B run: offline, two directories under its id
+    parts = sorted((run / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(parts) == 2 and all(p.name.split("-")[-1 if p.name.endswith(first_id) else -2] == first_id
+                                   for p in parts), parts
+
+    # a finished run trains further only when asked for more steps, with its own settings
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
+    assert code == 2 and "finished at PPO step 144: pass --timesteps above that" in err, err
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "192", "--learning-rate",
+                           "0.5")
+    assert code == 2 and "--learning-rate 0.5 (the run's: 0.0001)" in err and "Traceback" not in err, err
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "192", "--no-track")
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["steps"] for p in summary["curve"]] == [48, 96, 144, 192] and ResumeState.from_dir(run).finished
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
+    """A scheduler's `kill` or a closed terminal: the run saves its state and can resume."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", "train-policy", "--timesteps", "100000",
+                             "--out-dir", str(run), "--cache-dir", str(tmp_path / "cache"), "--no-track", *TINY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / RESUME_FILE).exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (run / RESUME_FILE).exists(), proc.communicate()
+        time.sleep(1.0)  # into PPO's rollouts
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("spantrain train-policy: interrupted during PPO step "), err
+    assert "Traceback" not in err and f"--resume --out-dir {run}" in err, err
+    state = ResumeState.from_dir(run)
+    assert not state.finished and state.num_timesteps % 48 == 0 and state.n_updates == state.num_timesteps // 48
