@@ -1,4 +1,5 @@
-"""What the distributed runtime costs over plain training: tiny-gpt (by default) four ways.
+"""What the distributed runtime costs over plain training: tiny-gpt (by default) four ways,
+and what bf16 mixed precision gains.
 
 1. ``single``: single-process training (`spantrain.runtime.reference`), the whole batch in
    one forward/backward, no torch.distributed at all;
@@ -8,7 +9,9 @@
 3. ``1x1-mb``: the same single stage, the batch cut into the 2-stage run's micro-batches:
    what smaller matrix products cost, with no pipeline at all;
 4. ``1x2``: `spantrain run` with one pipeline of two stages (two workers, activations and
-   gradients sent between them), 1F1B over micro-batches: what pipelining costs on top.
+   gradients sent between them), 1F1B over micro-batches: what pipelining costs on top;
+5. ``single-bf16`` and ``1x2-bf16``: 1 and 4 in bf16 mixed precision (``--precision bf16``:
+   fp32 weights and AdamW, bf16 compute and activations), against their fp32 twins.
 
 Per configuration: the median over rounds (configurations take turns, so load from other
 work hits all alike) of the median step time after warm-up, samples/s and overhead
@@ -58,8 +61,8 @@ def bench_plan(stages: int, batch: int, micro_batches: int, schedule: str, n_lay
                                       for i in range(stages)]}]}
 
 
-def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, seed: int, threads: int
-         ) -> dict[str, Any]:
+def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, seed: int, threads: int,
+         precision: str) -> dict[str, Any]:
     """`spantrain run` in this process: its workers fork from one fork server that imports torch
     once for all runs (start-up is not what this benchmark measures)."""
     from spantrain.cli import main as spantrain
@@ -70,7 +73,7 @@ def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, see
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = spantrain(["run", "--cluster", str(tmp / "cluster.json"), "--model", model, "--plan", str(plan_path),
                           "--steps", str(steps), "--seed", str(seed), "--run-dir", str(tmp / name), "--no-progress",
-                          "--threads", str(threads), "--json"])
+                          "--threads", str(threads), "--precision", precision, "--json"])
     if code != 0:
         raise SystemExit(f"bench_runtime: {name} failed: {err.getvalue().strip().splitlines()[-1]}")
     return json.loads(out.getvalue())
@@ -100,6 +103,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
     configs = {"1x1": bench_plan(1, batch, 1, "gpipe", n),
                "1x1-mb": bench_plan(1, batch, args.micro_batches, "gpipe", n),
                "1x2": bench_plan(2, batch, args.micro_batches, args.schedule, n)}
+    configs["1x2-bf16"] = configs["1x2"]
     cluster = Cluster.from_spec(bench_cluster(), "cluster")
     for plan in configs.values():  # an unknown --schedule, a model the runtime cannot build
         check_run(cluster, workload, Plan.from_dict(plan), data=None)
@@ -107,7 +111,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the three configurations round-robin and print their step times."""
+    """Run the configurations round-robin and print their step times."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=12, help="iterations per configuration and repeat (12)")
@@ -136,22 +140,25 @@ def main(argv: list[str] | None = None) -> int:
 
     batch = workload.global_batch
     skip = warmup_steps(args.steps)
-    samples: dict[str, list[float]] = {"single": [], **{k: [] for k in configs}}
+    samples: dict[str, list[float]] = {"single": [], "single-bf16": [], **{k: [] for k in configs}}
     cpu: dict[str, list[float]] = {k: [] for k in samples}
     first_loss: dict[str, float] = {}
-    processes = {"single": 1}
+    processes = {"single": 1, "single-bf16": 1}
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "cluster.json").write_text(json.dumps(bench_cluster()))
         # Round-robin over the configurations: load from other work on a shared machine then
         # hits all of them alike instead of whichever happened to run at the wrong moment.
         for rep in range(args.repeats):
-            ref = train_reference(workload, steps=args.steps, batch=batch, seed=args.seed, threads=args.threads)
-            samples["single"].append(statistics.median(ref.step_s[skip:]))
-            cpu["single"].append(statistics.median(ref.cpu_s[skip:]))
-            first_loss["single"] = ref.losses[0]
+            for name, precision in (("single", "fp32"), ("single-bf16", "bf16")):
+                ref = train_reference(workload, steps=args.steps, batch=batch, seed=args.seed, threads=args.threads,
+                                      precision=precision)
+                samples[name].append(statistics.median(ref.step_s[skip:]))
+                cpu[name].append(statistics.median(ref.cpu_s[skip:]))
+                first_loss[name] = ref.losses[0]
             for name, plan in configs.items():
-                res = _run(tmp, f"{name}-{rep}", model, plan, args.steps, args.seed, args.threads)
+                res = _run(tmp, f"{name}-{rep}", model, plan, args.steps, args.seed, args.threads,
+                           "bf16" if name.endswith("-bf16") else "fp32")
                 samples[name].append(res["step_s"])
                 cpu[name].append(res["cpu_s"])
                 first_loss[name] = res["loss_first"]
@@ -178,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{workload.name}, batch {batch}: median over {args.repeats} rounds of the median step time of {args.steps} "
           f"iterations after {skip} warm-up; {args.threads} thread(s) per process, {out['cpu_cores']} CPU cores "
           "(shared with whatever else runs)")
-    print(f"{'config':<8} {'procs':>5} {'step s':>9} {'min s':>9} {'samples/s':>10} {'overhead':>9} "
+    print(f"{'config':<11} {'procs':>5} {'step s':>9} {'min s':>9} {'samples/s':>10} {'overhead':>9} "
           f"{'CPU s':>8} {'CPU ovh':>8} {'loss[0]':>8}")
     for r in rows:
-        print(f"{r['config']:<8} {r['processes']:>5} {r['step_s']:>9.4f} {r['step_s_min']:>9.4f} "
+        print(f"{r['config']:<11} {r['processes']:>5} {r['step_s']:>9.4f} {r['step_s_min']:>9.4f} "
               f"{r['samples_per_s']:>10.1f} {r['overhead_pct']:>8.1f}% {r['cpu_s']:>8.4f} "
               f"{r['cpu_overhead_pct']:>7.1f}% {r['loss_first']:>8.4f}")
     return 0

@@ -65,6 +65,10 @@ class RunConfig:
     """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
     adaptation: dict[str, Any] | None = None
     """``--adapt``: the decision that started this plan (rank 0 logs it to W&B), None for the first."""
+    precision: str = "fp32"
+    """What the workers train in: ``fp32``, or ``bf16`` mixed precision (fp32 weights and
+    optimizer, bf16 compute and activations; `spantrain.runtime.models`). A GPU without bf16
+    trains in fp32 and the result says so."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

@@ -19,6 +19,14 @@ Families (the workload docstring gives the formulas):
 
 There is no dropout: the runtime must give bit-for-bit the same function however the
 model is cut, and dropout would tie results to each rank's random stream.
+
+Mixed precision (``precision="bf16"``, `TRAIN_PRECISIONS`): parameters, gradients and
+AdamW's state stay fp32; a stage computes under `torch.autocast` in bf16, keeps the
+residual stream in fp32 inside itself, and hands the next stage bf16 activations (so
+activations and their gradients cross the wire at 2 bytes, as the cost model assumes).
+The last stage's output (the logits) is fp32, so the loss is computed in fp32. The cut
+points round activations to bf16, so results depend slightly on where the model is cut,
+unlike in fp32.
 """
 
 from __future__ import annotations
@@ -33,11 +41,16 @@ from spantrain.errors import WorkloadError
 from spantrain.runtime.preflight import require_arch
 from spantrain.workload import Architecture, Workload
 
-__all__ = ["IGNORE_INDEX", "build_layer", "build_stage_module", "StageModule", "loss_fn", "layer_seed",
-           "param_key", "require_arch"]
+__all__ = ["IGNORE_INDEX", "TRAIN_PRECISIONS", "build_layer", "build_stage_module", "StageModule", "loss_fn",
+           "layer_seed", "param_key", "require_arch"]
 
 IGNORE_INDEX = -100
 """Target value for positions that carry no loss (BERT's unmasked tokens)."""
+
+TRAIN_PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+"""What the runtime trains in -> the autocast dtype (None: plain fp32). fp16 needs loss
+scaling, which a pipeline would have to agree on across stages; the CLI trains fp16
+workloads in bf16, which moves the same bytes."""
 
 _STD = 0.02
 _RESIDUAL_OUTPUTS = frozenset({"attn.out.weight", "mlp.proj.weight", "mlp.down.weight"})
@@ -259,10 +272,14 @@ def build_layer(arch: Architecture, index: int, num_layers: int, *, seed: int = 
 class StageModule(nn.Module):
     """Layers ``[start, end)`` applied in order; parameters are named ``layers.{i}.*`` by global index."""
 
-    def __init__(self, layers: dict[int, nn.Module]):
+    def __init__(self, layers: dict[int, nn.Module], *, autocast: torch.dtype | None = None, final: bool = False):
         super().__init__()
         self.indices = sorted(layers)
         self.layers = nn.ModuleDict({str(i): layers[i] for i in self.indices})
+        self.autocast = autocast
+        """Mixed precision's compute dtype (module docstring); None: fp32 throughout."""
+        self.final = final
+        """Whether the stage ends with the model's last layer (its output is the logits)."""
 
     @property
     def start(self) -> int:
@@ -273,9 +290,18 @@ class StageModule(nn.Module):
         return self.indices[-1] + 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i in self.indices:
-            x = self.layers[str(i)](x)
-        return x
+        if self.autocast is None:
+            if x.is_floating_point() and x.dtype != torch.float32:  # from a bf16 stage (a GPU without bf16)
+                x = x.float()
+            for i in self.indices:
+                x = self.layers[str(i)](x)
+            return x
+        if x.is_floating_point():  # a previous stage's bf16 activations (token ids stay integers)
+            x = x.float()
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            for i in self.indices:
+                x = self.layers[str(i)](x)
+        return x.float() if self.final else x.to(self.autocast)
 
     def layer_parameters(self) -> dict[int, list[tuple[str, nn.Parameter]]]:
         """Per layer index, its (plan-independent key, parameter) pairs in a fixed order."""
@@ -284,10 +310,14 @@ class StageModule(nn.Module):
 
 
 def build_stage_module(workload: Workload, start: int, end: int, *, seed: int = 0,
-                       device: torch.device | str | None = None) -> StageModule:
-    """The layers ``[start, end)`` of the workload's model, initialised from `seed`."""
+                       device: torch.device | str | None = None, precision: str = "fp32") -> StageModule:
+    """The layers ``[start, end)`` of the workload's model, initialised from `seed`, trained
+    in `precision` (`TRAIN_PRECISIONS`)."""
     arch = require_arch(workload)
     if not 0 <= start < end <= workload.num_layers:
         raise WorkloadError(f"layer range [{start}, {end}) is not inside the model's {workload.num_layers} layers")
+    if precision not in TRAIN_PRECISIONS:
+        raise WorkloadError(f"the runtime trains in {' or '.join(TRAIN_PRECISIONS)}, not {precision!r}")
     return StageModule({i: build_layer(arch, i, workload.num_layers, seed=seed, device=device)
-                        for i in range(start, end)})
+                        for i in range(start, end)},
+                       autocast=TRAIN_PRECISIONS[precision], final=end == workload.num_layers)

@@ -35,14 +35,16 @@ class ReferenceResult:
 
 
 def train_reference(workload: Workload, *, steps: int, batch: int, seed: int = 0, optim: OptimConfig | None = None,
-                    data: str | None = None, start_sample: int = 0, threads: int | None = None) -> ReferenceResult:
-    """Train `steps` iterations of `batch` samples from global sample `start_sample` on."""
+                    data: str | None = None, start_sample: int = 0, threads: int | None = None,
+                    precision: str = "fp32") -> ReferenceResult:
+    """Train `steps` iterations of `batch` samples from global sample `start_sample` on, in
+    `precision` (`spantrain.runtime.models.TRAIN_PRECISIONS`)."""
     arch = require_arch(workload)
     if threads:
         torch.set_num_threads(threads)
     stream = SampleStream(load_tokens(data), seq_len=workload.seq_len, seed=seed, vocab_size=arch.vocab_size,
                           masked_lm=arch.family == "bert")
-    model = build_stage_module(workload, 0, workload.num_layers, seed=seed)
+    model = build_stage_module(workload, 0, workload.num_layers, seed=seed, precision=precision)
     opt = make_optimizer(model, optim or OptimConfig())
     out = ReferenceResult()
     pos = start_sample

@@ -88,7 +88,10 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         holder_groups = build_holder_groups(layout, workload.num_layers, plan.sync.mode, transport)
 
         device = transport.device
-        module = build_stage_module(workload, *me.layers, seed=cfg.seed, device=device)
+        precision = cfg.precision
+        if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            precision = "fp32"  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
+        module = build_stage_module(workload, *me.layers, seed=cfg.seed, device=device, precision=precision)
         optimizer = make_optimizer(module, cfg.optim)
         runner = build_stage_runner(schedule=plan.schedule, module=module, stage_index=me.stage,
                                     stage_ranks=layout.pipeline_ranks(me.pipeline),
@@ -126,12 +129,12 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
 
             tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
-                                      "seed": seed, **dataclasses.asdict(cfg.optim)})
+                                      "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim)})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
             metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce)
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
-                          zb_order=runner.order_source,
+                          zb_order=runner.order_source, precision=precision,
                           devices={r: role.device for r, role in sorted(layout.roles.items())})
             if cfg.adaptation:  # this plan came from `--adapt`: what it was chosen over, on the W&B chart
                 from spantrain.runtime.adapter import adaptation_scalars
@@ -201,7 +204,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "stopped_early": step < cfg.steps, "losses": [r["loss"] for r in metrics.records],
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
-                  "backend": transport.backend, "precision": "fp32",
+                  "backend": transport.backend, "precision": precision,
                   "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
                   "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir}
         metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})

@@ -71,6 +71,9 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adam-eps", type=float, default=_OPTIM_DEFAULTS["eps"], metavar="EPS",
                    help=f"AdamW epsilon ({_OPTIM_DEFAULTS['eps']:g})")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (0)")
+    p.add_argument("--precision", choices=("fp32", "bf16"),
+                   help="train in fp32, or in bf16 mixed precision: fp32 weights and AdamW, bf16 compute and "
+                   "activations (default: the model's precision; fp16 models train in bf16)")
     p.add_argument("--run-dir", metavar="DIR", help="metrics, logs and result of this run "
                    "(default runs/run-TIMESTAMP)")
     p.add_argument("--metrics", metavar="FILE", help="per-iteration JSON lines (default RUN_DIR/metrics.jsonl)")
@@ -284,8 +287,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics:
         _check_metrics_dir(args.metrics)
 
-    if workload.precision != "fp32":
-        _note(f"the runtime trains in fp32; the model's {workload.precision} precision only informs the cost model")
+    precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")
+    if workload.precision == "fp16" and not args.precision:
+        _note("training the model's fp16 in bf16 mixed precision: the same bytes per value, and no loss scaling, "
+              "which fp16 needs and a pipeline would have to agree on across stages (--precision fp32 to avoid)")
     zb_orders = zb_source = None
     if not torchrun:
         from spantrain.runtime.zb_order import run_orders
@@ -302,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
                     rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
-                    zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads)
+                    zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision)
 
     if torchrun:
         result = _run_torchrun(cfg)
@@ -434,8 +439,10 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
     def fmt(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
 
+    precision = result.get("precision", "fp32")
+    mixed = f" in {precision} mixed precision" if precision != "fp32" else ""
     print(f"trained iterations {result['start_step']}..{result['final_step']} of {result['target_steps']}"
-          f"{' (stopped early)' if result['stopped_early'] else ''}: loss {fmt(result['loss_first'], '.4f')} -> "
+          f"{' (stopped early)' if result['stopped_early'] else ''}{mixed}: loss {fmt(result['loss_first'], '.4f')} -> "
           f"{fmt(result['loss_last'], '.4f')}, {fmt(result['samples_per_s'], '.1f')} samples/s "
           f"({fmt(result['step_s'], '.3f')} s/iteration, median after warm-up"
           f"{' on the last plan' if len(result.get('segments') or []) > 1 else ''})")

@@ -25,7 +25,7 @@ def test_bench_runtime_reports_every_configuration(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     rows = {r["config"]: r for r in out["rows"]}
-    assert list(rows) == ["single", "1x1", "1x1-mb", "1x2"]
+    assert list(rows) == ["single", "single-bf16", "1x1", "1x1-mb", "1x2", "1x2-bf16"]
     assert rows["single"]["overhead_pct"] == 0.0 and rows["1x2"]["processes"] == 2
     assert all(r["step_s"] > 0 and r["samples_per_s"] == pytest.approx(out["batch"] / r["step_s"])
                for r in rows.values())
@@ -33,6 +33,10 @@ def test_bench_runtime_reports_every_configuration(tmp_path):
     assert rows["1x1"]["loss_first"] == pytest.approx(rows["single"]["loss_first"], rel=1e-5)
     for name in ("1x1-mb", "1x2"):
         assert rows[name]["loss_first"] == pytest.approx(rows["single"]["loss_first"], rel=1e-5)
+    # bf16 rounds: near the same loss, not exactly it
+    for name in ("single-bf16", "1x2-bf16"):
+        assert rows[name]["loss_first"] == pytest.approx(rows["single"]["loss_first"], rel=1e-2)
+        assert rows[name]["loss_first"] != rows["single"]["loss_first"]
     assert all(r["cpu_s"] > 0 for r in rows.values())
 
 
