@@ -10,12 +10,18 @@ the new plan (medians, the first two iterations of each plan left out), the iter
 switch took effect at, the options the adapter weighed (cost-model seconds), the wall
 time, and whether every iteration's loss is there exactly once.
 
+``--unannounced``: nobody tells the run. The script changes the emulated network
+(``run --emulate-network``) and leaves the run's cluster file as it was; the run notices
+by itself: its iterations drift, it measures its links in-band, and re-plans on the
+cluster as measured (``--measure-links``, on with ``--adapt``). Then also printed: the
+iteration the drift was seen at, and the slowed link as measured.
+
 ``--mode netns`` (default) needs root; ``local`` emulates the network in the transport
 only (no live reshaping: the change shows from the new plan on); ``none`` runs plain local
 processes, no emulation at all (the tests' smoke run: it checks the plumbing, not speeds).
 
 Usage: python experiments/adapt_live.py [--json] [--steps 30] [--change-at 5] [--slow-gbps 0.001]
-       [--mode netns|local|none] [--model tiny-gpt] [--planner auto]
+       [--mode netns|local|none] [--model tiny-gpt] [--planner auto] [--unannounced]
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, An
     from spantrain.runtime.preflight import check_run
     from spantrain.workload import load_workload
 
+    if args.unannounced and args.mode != "netns":
+        raise SpantrainError(f"--unannounced changes the live network, which only --mode netns reshapes (got --mode "
+                             f"{args.mode})")
     if not 0 < args.change_at < args.steps - 2:
         raise SpantrainError(f"need 0 < --change-at < --steps - 2, got --change-at {args.change_at} and --steps "
                              f"{args.steps}")
@@ -111,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulator mode, or none for plain local processes (netns)")
     ap.add_argument("--model", default="tiny-gpt", help="workload preset or file (tiny-gpt)")
     ap.add_argument("--planner", default="auto", help="--adapt-planner (auto)")
+    ap.add_argument("--unannounced", action="store_true",
+                    help="change the emulated network, not the run's cluster file: the run must notice by itself "
+                    "(needs --mode netns)")
     args = ap.parse_args(argv)
     from spantrain.errors import SpantrainError
 
@@ -126,14 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(tmp, 0o755)  # the emulated devices write their checkpoints here
         live, plan_path, run_dir = tmp / "live.yaml", tmp / "plan.json", tmp / "run"
         live.write_text(yaml.safe_dump(spec, sort_keys=False))
+        network = tmp / "network.yaml"  # --unannounced: the emulated network, apart from the run's picture
+        network.write_text(live.read_text())
         plan_path.write_text(json.dumps(pipeline_plan(workload.num_layers, workload.global_batch)))
-        threading.Thread(target=_swap_when, args=(run_dir / "metrics.jsonl", args.change_at, live, slow),
+        changed = network if args.unannounced else live
+        threading.Thread(target=_swap_when, args=(run_dir / "metrics.jsonl", args.change_at, changed, slow),
                          daemon=True).start()
         cmd = ["run", "--cluster", str(live), "--model", args.model, "--plan", str(plan_path), "--steps",
                str(args.steps), "--checkpoint-dir", str(tmp / "ckpt"), "--run-dir", str(run_dir), "--adapt",
                "--adapt-planner", args.planner, "--no-progress", "--json"]
         if args.mode != "none":
             cmd += ["--emulate", "--emulate-mode", args.mode]
+        if args.unannounced:
+            cmd += ["--emulate-network", str(network)]
         out, err = io.StringIO(), io.StringIO()
         t0 = time.monotonic()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -143,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"adapt_live: the run failed: {err.getvalue().strip().splitlines()[-1]}")
         result = json.loads(out.getvalue())
         steps = {r["step"]: r["step_s"] for r in read_step_records(run_dir / "metrics.jsonl")}
+        events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        events = [e for e in events if "event" in e]
     if not result["adaptations"] or not result["adaptations"][0]["switch"]:
         raise SystemExit("adapt_live: the run did not switch plans; see the notes:\n" + err.getvalue())
     decision = result["adaptations"][0]
@@ -157,8 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         "new_devices": [st["devices"][0] for p in new_plan["pipelines"] for st in p["stages"]],
         "chosen": decision["chosen"], "options": decision["options"],
         "losses_complete": len(result["losses"]) == args.steps,
-        "notes": [line for line in err.getvalue().splitlines() if line.startswith("spantrain run: note: the cluster")],
+        "notes": [line for line in err.getvalue().splitlines()
+                  if line.startswith(("spantrain run: note: the cluster", "spantrain run: note: the links"))],
     }
+    if args.unannounced:
+        drift = next((e for e in events if e["event"] == "drift" and e["step"] > args.change_at), None)
+        measured = next((e for e in events if e["event"] == "links" and e["reason"] == "drift"), None)
+        link = next((f for f in measured["links"] if {f["a"], f["b"]} == {"cloud-0", "edge-0"}), None) \
+            if measured else None
+        figures.update(drift_at=drift["step"] if drift else None, measured_at=measured["step"] if measured else None,
+                       measure_s=measured["measure_s"] if measured else None,
+                       measured_gbps=link["gbps"] if link else None,
+                       measured_latency_ms=link["latency_ms"] if link else None, source=decision.get("source"))
     if args.json:
         print(json.dumps(figures))
         return 0
@@ -167,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.slow_gbps:g} Gbit/s after iteration {args.change_at} ({args.mode})")
     print(f"  before the change   {figures['before_s']:.3f} s/iteration (median)")
     print(f"  on the slowed link  {slowed} s (iterations {args.change_at + 1}..{switched})")
+    if args.unannounced and figures["measured_at"] is not None:
+        gbps = figures["measured_gbps"]
+        print(f"  noticed by itself   drift after iteration {figures['drift_at']}, links measured after iteration "
+              f"{figures['measured_at']} in {figures['measure_s']:.1f} s: cloud-0 <-> edge-0 "
+              + (f"{gbps * 1e3:.3g} Mbit/s, {figures['measured_latency_ms']:.3g} ms" if gbps is not None else "?"))
     print(f"  after the switch    {figures['after_s']:.3f} s/iteration on {', '.join(figures['new_devices'])} "
           f"(the {decision['chosen']} plan, from iteration {switched})")
     for o in decision["options"]:

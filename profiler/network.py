@@ -5,9 +5,10 @@ when n is odd) there are n - 1 rounds (n when odd); in each round every device i
 most one pair, so all pairs of a round run at once without sharing a device, and every
 unordered pair meets exactly once.
 
-Per pair (a < b), over torch.distributed point-to-point messages, with the emulator's
-per-message latency injected through `delay_before_send` exactly as the runtime's
-transport does (a no-op when not emulated):
+Per pair (a < b): `spantrain.runtime.linkprobe.measure_pair` (moved there so that a
+training run can measure its own links the same way), over torch.distributed
+point-to-point messages, with the emulator's per-message latency injected through
+`delay_before_send` exactly as the runtime's transport does (a no-op when not emulated):
 
 - **latency**: ping-pong of one-element messages after one warm-up; one-way latency =
   the shortest round trip / 2 (the two directions cannot be told apart without
@@ -27,19 +28,9 @@ transport does (a no-op when not emulated):
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
-from spantrain.runtime.emulator.latency import delay_before_send
+from spantrain.runtime.linkprobe import TIMED_TRANSFERS, PairMeasurement, measure_pair
 
 __all__ = ["TIMED_TRANSFERS", "round_robin", "PairMeasurement", "measure_pair"]
-
-_PROBE_START = 16 * 1024
-_PROBE_ENOUGH_S = 0.05
-_MAX_MESSAGE = 256 * 1024 * 1024
-_MIN_PINGS, _MAX_PINGS = 5, 200
-TIMED_TRANSFERS = 3
-"""Timed messages per direction after the probes; the best counts (module docstring)."""
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
@@ -60,111 +51,3 @@ def round_robin(n: int) -> list[list[tuple[int, int]]]:
         # Keep the first player fixed, rotate the others by one.
         players = [players[0], players[-1], *players[1:-1]]
     return rounds
-
-
-@dataclass(frozen=True)
-class PairMeasurement:
-    """What one pair measured; bandwidths are goodput in bytes/s, latency one-way seconds."""
-
-    a: int
-    b: int
-    latency_s: float
-    a_to_b: float
-    b_to_a: float
-
-
-def _ping_pong(dist, torch, me: int, peer: int, first: bool, slot_s: float) -> float:
-    """Shortest round trip over pings that fit `slot_s` (the side with `first` starts and times)."""
-    x = torch.zeros(1)
-    rtts = []
-    t_start = time.perf_counter()
-    # Both sides must agree on the count, so the timing side decides and says "stop" with -1.
-    for k in range(_MAX_PINGS + 1):
-        if first:
-            stop = k > _MIN_PINGS and time.perf_counter() - t_start > slot_s
-            x.fill_(-1.0 if stop else 1.0)
-            t0 = time.perf_counter()
-            delay_before_send(me, peer)
-            dist.send(x, peer)
-            if stop:
-                break
-            dist.recv(x, peer)
-            if k > 0:  # the first exchange warms the connection up
-                rtts.append(time.perf_counter() - t0)
-        else:
-            dist.recv(x, peer)
-            if x.item() < 0:
-                break
-            delay_before_send(me, peer)
-            dist.send(x, peer)
-    return min(rtts, default=0.0)
-
-
-def _timed_send(dist, torch, me: int, peer: int, nbytes: int) -> float:
-    """Send `nbytes` to `peer` and wait for its one-element acknowledgement; elapsed seconds."""
-    size = torch.tensor([nbytes], dtype=torch.int64)
-    dist.send(size, peer)
-    data = torch.empty(nbytes, dtype=torch.uint8)
-    ack = torch.zeros(1)
-    t0 = time.perf_counter()
-    delay_before_send(me, peer, nbytes)
-    dist.send(data, peer)
-    dist.recv(ack, peer)
-    return time.perf_counter() - t0
-
-
-def _serve_receive(dist, torch, me: int, peer: int) -> bool:
-    """The receiving side of one `_timed_send`; False when the sender says it is done (size 0)."""
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, peer)
-    nbytes = int(size.item())
-    if nbytes <= 0:
-        return False
-    data = torch.empty(nbytes, dtype=torch.uint8)
-    dist.recv(data, peer)
-    delay_before_send(me, peer)
-    dist.send(torch.ones(1), peer)
-    return True
-
-
-def _send_bandwidth(dist, torch, me: int, peer: int, rtt: float, transfer_s: float) -> float:
-    """Bytes/s from `me` to `peer` (the peer runs `_serve_receive` until told to stop)."""
-    nbytes, rate = _PROBE_START, 0.0
-    while True:
-        elapsed = _timed_send(dist, torch, me, peer, nbytes)
-        net = max(elapsed - rtt, 1e-6)
-        rate = nbytes / net
-        if net >= _PROBE_ENOUGH_S or nbytes >= _MAX_MESSAGE:
-            break
-        nbytes *= 2
-    if net < transfer_s * 0.9:
-        nbytes = int(min(_MAX_MESSAGE, max(nbytes, rate * transfer_s)))
-        rate = max(nbytes / max(_timed_send(dist, torch, me, peer, nbytes) - rtt, 1e-6) for _ in range(TIMED_TRANSFERS))
-    dist.send(torch.zeros(1, dtype=torch.int64), peer)  # done
-    return rate
-
-
-def measure_pair(dist, torch, me: int, a: int, b: int, *, latency_slot_s: float,
-                 transfer_s: float) -> PairMeasurement | None:
-    """Run this rank's side of pair (a, b); rank `a` returns the measurement, `b` returns None."""
-    peer = b if me == a else a
-    first = me == a
-    # The round trip is exchanged so both sides subtract the same figure from their transfers.
-    rtt = torch.tensor([_ping_pong(dist, torch, me, peer, first, latency_slot_s)], dtype=torch.float64)
-    if first:
-        dist.send(rtt, peer)
-    else:
-        dist.recv(rtt, peer)
-    rtt_s = float(rtt.item())
-    if first:
-        a_to_b = _send_bandwidth(dist, torch, me, peer, rtt_s, transfer_s)
-        while _serve_receive(dist, torch, me, peer):
-            pass
-        back = torch.zeros(1, dtype=torch.float64)
-        dist.recv(back, peer)
-        return PairMeasurement(a=a, b=b, latency_s=rtt_s / 2, a_to_b=a_to_b, b_to_a=float(back.item()))
-    while _serve_receive(dist, torch, me, peer):
-        pass
-    b_to_a = _send_bandwidth(dist, torch, me, peer, rtt_s, transfer_s)
-    dist.send(torch.tensor([b_to_a], dtype=torch.float64), peer)
-    return None

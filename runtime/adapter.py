@@ -15,6 +15,12 @@ while the workers train (a ``stat`` per poll; it reads the file only when that c
    new stages, so training goes on exactly where it stopped (same weights, optimizer
    state, data position and random state).
 
+The run's own measurements are a second source (``--measure-links``, on with ``--adapt``):
+when iterations drift, the workers measure the plan's links in-band and write the cluster
+as measured to ``RUN_DIR/cluster-measured.json`` (`spantrain.runtime.linkprobe`); a new
+content there goes through steps 2-3 like a new cluster file, so a network that changed
+without anyone rewriting the file is noticed too.
+
 A re-planning error (no option fits the new cluster, say) is a note, and the running plan
 stays. Every decision is an ``adapt`` event in the metrics file, a note on stderr, a set
 of ``adapt/*`` values in W&B (logged by the next segment's rank 0) and an entry of the
@@ -134,6 +140,10 @@ class Adapter:
     """The run's target iteration count."""
     replan: Replan
     note: Callable[[str], None]
+    measured_file: ClusterFile | None = None
+    """``RUN_DIR/cluster-measured.json``: the cluster as the workers measured their links
+    (``--measure-links``), a second source of changes; it is an observation, so the emulator
+    is not reshaped to it."""
     records: list[dict[str, Any]] = field(default_factory=list)
     """Every decision so far (``adapt`` events), in order."""
     pending: _Pending | None = None
@@ -146,10 +156,14 @@ class Adapter:
         if self.pending is not None:
             return True
         cluster = self.cluster_file.poll(self.note)
+        what, source = "the cluster changed", "file"
+        if cluster is not None and on_change is not None:
+            on_change(cluster)
+        if cluster is None and self.measured_file is not None:
+            cluster = self.measured_file.poll(self.note)
+            what, source = "the links measured in-band differ from the cluster", "measured"
         if cluster is None:
             return False
-        if on_change is not None:
-            on_change(cluster)
         remaining = self.steps - step
         if remaining < 1:  # the run is ending anyway
             self.cluster = cluster
@@ -157,14 +171,13 @@ class Adapter:
         try:
             decision = self.replan(self.plan, cluster, remaining)
         except SpantrainError as e:
-            self.note(f"the cluster changed after iteration {step} but re-planning failed ({e}); "
-                      "keeping the running plan")
-            self.records.append({"step": step, "switch": False, "error": str(e)})
+            self.note(f"{what} after iteration {step} but re-planning failed ({e}); keeping the running plan")
+            self.records.append({"step": step, "source": source, "switch": False, "error": str(e)})
             self.cluster = cluster
             return False
-        self.records.append({"step": step, **decision.record, "switch": decision.switch,
+        self.records.append({"step": step, "source": source, **decision.record, "switch": decision.switch,
                              "plan": decision.plan.to_dict() if decision.switch else None})
-        self.note(f"the cluster changed after iteration {step}: {decision.summary}")
+        self.note(f"{what} after iteration {step}: {decision.summary}")
         if not decision.switch:
             self.cluster = cluster
             return False

@@ -65,6 +65,11 @@ class RunConfig:
     """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
     adaptation: dict[str, Any] | None = None
     """``--adapt``: the decision that started this plan (rank 0 logs it to W&B), None for the first."""
+    measure_links: bool = False
+    """Measure the plan's links in-band (`spantrain.runtime.linkprobe`) after the first iteration
+    and whenever iterations drift, writing the links that changed into
+    ``RUN_DIR/cluster-measured.json``. Emulated and torchrun runs only: a plain local run's
+    workers share this machine's loopback, which says nothing of the spec's links."""
     precision: str = "fp32"
     """What the workers train in: ``fp32``, or ``bf16`` mixed precision (fp32 weights and
     optimizer, bf16 compute and activations; `spantrain.runtime.models`). A GPU without bf16

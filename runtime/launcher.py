@@ -48,10 +48,11 @@ from typing import Any
 
 from spantrain.errors import ExecutionError
 from spantrain.runtime import stop_signals
-from spantrain.runtime.adapter import Adapter, StopTimedOut
+from spantrain.runtime.adapter import Adapter, ClusterFile, StopTimedOut
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.entry import error_file, local_entry
+from spantrain.runtime.linkprobe import links_message
 from spantrain.runtime.metrics import drift_message
 
 __all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "RUN_LOCK"]
@@ -215,10 +216,11 @@ class _Progress:
     """Follows rank 0's metrics file: last completed iteration, its loss, a progress bar."""
 
     def __init__(self, path: Path, total: int, start: int, show: bool,
-                 note: Callable[[str], None] | None = None, adapter: Adapter | None = None):
+                 note: Callable[[str], None] | None = None, adapter: Adapter | None = None, measuring: bool = False):
         self.path = path
         self.note = note
         self.cluster_file = str(adapter.cluster_file.path) if adapter is not None else None
+        self.measuring = measuring
         # A resumed or re-planned run appends to the same file: only this launch's lines count.
         self.offset = path.stat().st_size if path.exists() else 0
         self.last_step: int | None = None
@@ -246,8 +248,12 @@ class _Progress:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            msg = None
             if rec.get("event") == "drift" and self.note is not None:
-                msg = f"spantrain run: note: {drift_message(rec, self.cluster_file)}"
+                msg = f"spantrain run: note: {drift_message(rec, self.cluster_file, self.measuring)}"
+            if rec.get("event") == "links" and self.note is not None:
+                msg = f"spantrain run: note: {links_message(rec, adapting=self.cluster_file is not None)}"
+            if msg is not None:
                 if self.bar is not None:
                     self.bar.write(msg, file=sys.stderr)  # above the bar, not through it
                 else:
@@ -399,14 +405,17 @@ def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
 
 def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "auto", progress: bool = False,
                     note: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                    adapter: Adapter | None = None) -> dict[str, Any]:
+                    adapter: Adapter | None = None, network: str | Path | None = None) -> dict[str, Any]:
     """Run `cfg` on the local emulated cluster, one worker per plan device; the result of rank 0.
 
     `cpus`: cores the *whole* cluster's devices share in proportion to their TFLOP/s (default
     all), so each device gets the quota it has in ``spantrain profile --cluster`` with the
     same `cpus`, whichever devices the plan uses. `mode`: the emulator's (auto, netns, local).
     `adapter`: as in `launch_local`; a new cluster file is also a new emulated network (the
-    links are reshaped at once under namespaces).
+    links are reshaped at once under namespaces). `network`: a cluster file whose devices and
+    links are emulated instead of the run's (`cfg.cluster_spec`), followed while the run goes
+    on: the world as it is, apart from what the run believes (which then changes only through
+    the cluster file or the run's own link measurements).
     """
     from spantrain.cluster import Cluster
     from spantrain.errors import EmulationError
@@ -419,8 +428,10 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     rank_map.write_text(json.dumps(devices) + "\n")
     cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
     cfg.save(config_path)
-    cluster = Cluster.from_spec(cfg.cluster_spec, "cluster")
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
+    cluster = Cluster.from_file(network) if network else Cluster.from_spec(cfg.cluster_spec, "cluster")
+    network_file = ClusterFile(network) if network else None
+    source = "network file" if network else "cluster file"
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter, cfg.measure_links)
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
     stalled = switching = False
 
@@ -428,15 +439,19 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
         try:
             live = emu.reshape(new)
         except EmulationError as e:
-            note(f"emulator: cannot apply the new cluster file to the running devices ({e})")
+            note(f"emulator: cannot apply the new {source} to the running devices ({e})")
             return
-        note("emulator: links reshaped to the new cluster file" if live else
+        note(f"emulator: links reshaped to the new {source}" if live else
              "emulator: the new links apply from the next launch (no kernel shaping in local mode)")
 
     def stop_when() -> bool | float:
         nonlocal stalled, switching
         watcher.poll()
-        if adapter is not None and watcher.last_step is not None and adapter.check(watcher.last_step, reshape):
+        changed = network_file.poll(note) if network_file is not None else None
+        if changed is not None:
+            reshape(changed)
+        if adapter is not None and watcher.last_step is not None \
+                and adapter.check(watcher.last_step, None if network_file is not None else reshape):
             switching = True
             return _STOP_GRACE_S  # SIGTERM: finish the iteration, checkpoint, exit
         stalled = time.monotonic() - watcher.last_change > stall_limit

@@ -88,11 +88,15 @@ class DriftWatch:
         return None
 
 
-def drift_message(event: dict[str, Any], cluster_file: str | None = None) -> str:
-    """What to tell the user about a ``drift`` event; `cluster_file`: the file an ``--adapt`` run follows."""
+def drift_message(event: dict[str, Any], cluster_file: str | None = None, measuring: bool = False) -> str:
+    """What to tell the user about a ``drift`` event; `cluster_file`: the file an ``--adapt`` run
+    follows; `measuring`: the run measures its links in-band on drift (``--measure-links``)."""
     what = (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
             f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was {event['baseline_step_s']:.3g} s; "
-            f"iteration {event['step']}): if links or devices changed, ")
+            f"iteration {event['step']})")
+    if measuring:
+        return what + ": measuring the plan's links after the next iteration"
+    what += ": if links or devices changed, "
     if cluster_file is not None:
         return what + (f"re-measure them into {cluster_file} (spantrain profile -o {cluster_file}); this run "
                        "adapts its plan when the file changes")
@@ -127,6 +131,10 @@ class MetricsLog:
         self.tracker = tracker
         self.records: list[dict[str, Any]] = []
         self.drift = DriftWatch()
+        self.drift_pending = False
+        """Set when a drift event was written; whoever re-measures the links clears it."""
+        self.measuring = False
+        """Whether the run measures its links on drift (the drift note then says so)."""
         self.announce = announce
         """Called with `drift_message` on drift (torchrun's rank 0; local runs' launcher reads the event)."""
 
@@ -143,10 +151,11 @@ class MetricsLog:
             event = {"step": record["step"], "slowdown": slowdown, "baseline_step_s": self.drift.baseline,
                      "recent_step_s": slowdown * self.drift.baseline}
             self.event("drift", **event)
+            self.drift_pending = True
             if self.tracker is not None:
                 self.tracker.log({"drift_slowdown": slowdown}, step=record["step"])
             if self.announce is not None:
-                self.announce(drift_message(event))
+                self.announce(drift_message(event, measuring=self.measuring))
         if self.tracker is not None:
             scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s") if k in record}
             for r in record.get("ranks", []):

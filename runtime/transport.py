@@ -117,6 +117,16 @@ class Transport:
         schedules._wait_batch_p2p = self.wait
         self._installed = True
 
+    @property
+    def emulation(self):
+        """The emulator's contract this rank runs under (`spantrain.runtime.emulator.latency`), or None."""
+        return self._delayed.emulation if self._delayed is not None else None
+
+    def flush(self) -> None:
+        """Wait until every send handed over has left (emulated latency delays them on threads)."""
+        if self._delayed is not None:
+            self._delayed.flush()
+
     def close(self) -> None:
         """Leave the process group (every rank at the end of its run), after any delayed sends."""
         if self._delayed is not None:

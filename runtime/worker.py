@@ -39,6 +39,7 @@ from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkp
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.data import SampleStream, batch_slices, load_tokens
 from spantrain.runtime.entry import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, error_file
+from spantrain.runtime.linkprobe import link_figures, links_message, measure_links, measured_cluster, plan_pairs
 from spantrain.runtime.metrics import MetricsLog, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
@@ -142,6 +143,13 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 tracker.log(adaptation_scalars(cfg.adaptation), step=step)
 
         start_step = step
+        # in-band link measurement: a plain local run's loopback says nothing of the spec's links
+        measuring = cfg.measure_links and (transport.emulation is not None or not local)
+        pairs = plan_pairs([layout.pipeline_ranks(i) for i in range(len(plan.pipelines))],
+                           [g.ranks for g in holder_groups]) if measuring else []
+        measure_reason = "start"
+        if metrics is not None:
+            metrics.measuring = bool(pairs)
         last_ckpt = None
         ckpt_pending = False
         t_mark = time.perf_counter()
@@ -162,8 +170,12 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             st = transport.take_stats()
             # detached: float() of a tensor that needs grad prints a UserWarning (on the terminal under torchrun)
             loss_part = float(torch.stack(losses).detach().mean()) * share if losses else 0.0
-            row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu],
-                               dtype=torch.float64, device=device)
+            # rank 0 asks for a measurement: after the first iteration, and after drift
+            ask = bool(pairs) and metrics is not None and (step == start_step or metrics.drift_pending)
+            if ask and metrics.drift_pending:
+                measure_reason, metrics.drift_pending = "drift", False
+            row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu,
+                                float(ask)], dtype=torch.float64, device=device)
             rows = transport.all_gather_rows(row).cpu()
             now = time.perf_counter()
             step_s, t_mark = now - t_mark, now
@@ -195,7 +207,10 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                     metrics.event("checkpoint", step=step, path=str(last_ckpt))
             if stopping:
                 break
-            t_mark = time.perf_counter()  # checkpoint time is not iteration time
+            if rows[0, 6] > 0 and step < cfg.steps:
+                _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step, measure_reason,
+                         Path(cfg.run_dir))
+            t_mark = time.perf_counter()  # checkpoint and measuring time are not iteration time
 
         if metrics is None:
             return None
@@ -237,6 +252,31 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan) 
     return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
             "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
             "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time()}
+
+
+def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layout: Layout, cluster,
+             metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path) -> None:
+    """Measure the plan's links (every rank); rank 0 reports them against the spec and writes the
+    cluster as measured when a link changed (``RUN_DIR/cluster-measured.json``)."""
+    t0 = time.perf_counter()
+    measured = measure_links(transport, pairs, rank)
+    if metrics is None:
+        return
+    metrics.drift_pending = False  # a drift seen meanwhile is what this measured
+    figures = link_figures(measured, {r: role.device for r, role in layout.roles.items()}, cluster,
+                           transport.emulation)
+    path = None
+    if any(f.changed for f in figures):
+        path = run_dir / "cluster-measured.json"
+        write_text_atomic(path, json.dumps(measured_cluster(cluster, figures).to_spec(), indent=1) + "\n")
+    event = {"step": step, "reason": reason, "measure_s": round(time.perf_counter() - t0, 3),
+             "links": [f.to_dict() for f in figures], "cluster": str(path) if path else None}
+    metrics.event("links", **event)
+    if metrics.announce is not None:  # torchrun: no launcher reads the log
+        metrics.announce(links_message(event))
+    if tracker is not None:
+        tracker.log({f"links/{f.a}-{f.b}/{k}": v for f in figures
+                     for k, v in (("gbps", f.gbps), ("latency_ms", f.latency_ms))}, step=step)
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -98,11 +98,19 @@ def register(p: argparse.ArgumentParser) -> None:
                    "in `spantrain profile --cluster C --cpus N` (default: all cores)")
     p.add_argument("--emulate-mode", choices=("auto", "netns", "local"), default="auto",
                    help="with --emulate: netns (namespaces or fail), local (plain processes), auto (default)")
+    p.add_argument("--emulate-network", metavar="FILE",
+                   help="with --emulate: emulate this cluster file's devices and links, and follow its changes, "
+                   "instead of --cluster's; the run plans and adapts on --cluster as on a real cluster whose spec is "
+                   "out of date (what --measure-links finds out)")
     p.add_argument("--adapt", action="store_true",
                    help="follow the --cluster file while training: when it changes (spantrain profile -o FILE, a "
                    "monitor, an edit), re-plan from the running plan and, if moving pays off over the iterations "
                    "left, continue from a checkpoint on the new plan (needs --checkpoint-dir; local and --emulate "
                    "runs; with --emulate the file is also the emulated network)")
+    p.add_argument("--measure-links", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure the plan's links in-band after the first iteration and whenever iterations drift, "
+                   "and write the links that changed into RUN_DIR/cluster-measured.json; with --adapt the run "
+                   "re-plans on it (--emulate and torchrun runs; default: on with --adapt)")
     p.add_argument("--adapt-planner", default="auto", metavar="NAME",
                    help="with --adapt: who proposes the new plan: auto (the policy and the heuristic, default), "
                    "ppo, heuristic or any planner of `spantrain compare`")
@@ -243,6 +251,19 @@ def _make_plan(args: argparse.Namespace, cluster, workload):
     return get_planner(args.planner).plan(cluster, workload)
 
 
+def _check_network(path: str, emulate: bool, plan) -> None:
+    """--emulate-network: with --emulate, a cluster file that holds every device of the plan."""
+    from spantrain.errors import SpecError
+
+    if not emulate:
+        raise SpecError("--emulate-network sets the emulated cluster's network: add --emulate, or leave it out")
+    network = load_cluster(path)
+    missing = [d for d in plan.devices if d not in network]
+    if missing:
+        raise SpecError(f"--emulate-network {path} has no device {', '.join(missing)} of the plan: it must hold the "
+                        "devices of --cluster that the plan uses")
+
+
 def _default_run_dir(torchrun: bool) -> str:
     if torchrun:  # every process of the job must agree on it
         return f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.environ.get('MASTER_PORT', 'job'))}"
@@ -259,6 +280,8 @@ def _run(args: argparse.Namespace) -> int:
     workload = load_model(args)
     plan = _make_plan(args, cluster, workload)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
+    if args.emulate_network:
+        _check_network(args.emulate_network, args.emulate, plan)
     torchrun = under_torchrun()
     note = check_memory(cluster, workload, plan, on_this_machine=not torchrun)
     if note:
@@ -307,7 +330,8 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
                     rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
-                    zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision)
+                    zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision,
+                    measure_links=args.measure_links if args.measure_links is not None else args.adapt)
 
     if torchrun:
         result = _run_torchrun(cfg)
@@ -324,6 +348,9 @@ def _run(args: argparse.Namespace) -> int:
             _note(f"--threads {args.threads} x {plural(world, 'worker')} is {args.threads * world} threads on "
                   f"{cores} CPU cores: they will wait for each other (leave --threads out to give each worker "
                   f"cores / workers = {plural(default, 'thread')})")
+        if args.measure_links and not args.emulate:
+            _note("--measure-links measures nothing in a plain local run (its workers share this machine's "
+                  "loopback, not the spec's links): add --emulate, or run under torchrun")
         from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -331,6 +358,7 @@ def _run(args: argparse.Namespace) -> int:
         def launch(cfg, adapter=None):
             if args.emulate:
                 return launch_emulated(cfg, cpus=args.emulate_cpus, mode=args.emulate_mode, progress=show,
+                                       network=args.emulate_network,
                                        adapter=adapter)
             return launch_local(cfg, progress=show, adapter=adapter)
 
@@ -346,6 +374,8 @@ def _run(args: argparse.Namespace) -> int:
                     from spantrain.runtime.adapter import Adapter, ClusterFile, run_adapting
 
                     adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster,
+                                      measured_file=ClusterFile(run_dir / "cluster-measured.json")
+                                      if cfg.measure_links else None,
                                       steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan),
                                       # above the progress bar when there is one
                                       note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))

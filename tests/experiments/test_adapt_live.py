@@ -35,6 +35,7 @@ def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--steps", "5", "--change-at", "4"], "need 0 < --change-at < --steps - 2, got --change-at 4 and --steps 5"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),  # was a traceback
+    (["--unannounced"], "--unannounced changes the live network, which only --mode netns reshapes (got --mode none)"),
     (["--planner", "no-such-planner"], "unknown planner 'no-such-planner'"),  # was exit code 1
     # the run went to its end and then said it did not switch: its adapter ignored a file that does not load
     (["--slow-gbps", "0"], "--slow-gbps must be a positive link speed in Gbit/s, got 0 (cluster: network.links[0]: "
