@@ -143,8 +143,12 @@ def _send_bandwidth(dist, torch, me: int, peer: int, rtt: float, transfer_s: flo
         nbytes *= 2
     if net < transfer_s * 0.9:
         nbytes = int(min(_MAX_MESSAGE, max(nbytes, rate * transfer_s)))
-        rate = max(nbytes / max(_timed_send(dist, torch, me, peer, nbytes, device) - rtt, 1e-6)
-                   for _ in range(timed))
+        nets = [_timed_send(dist, torch, me, peer, nbytes, device) - rtt for _ in range(timed)]
+        # A timed message sized to last transfer_s that came back within about the round trip
+        # measured nothing but the round trip's noise (a round trip slowed by bytes still queued,
+        # a shaper's burst allowance): it would give an absurd rate, so it does not count.
+        rates = [nbytes / t for t in nets if t >= _PROBE_ENOUGH_S / 2]
+        rate = max(rates) if rates else rate
     dist.send(torch.zeros(1, dtype=torch.int64, device=device), peer)  # done
     return rate
 
@@ -219,7 +223,7 @@ class LinkFigure:
     b: str
     """Device ids."""
     gbps: float
-    """Measured bandwidth (the mean of both directions), in spec Gbit/s."""
+    """Measured bandwidth (the slower direction: the spec's links are symmetric), in spec Gbit/s."""
     latency_ms: float
     spec_gbps: float
     spec_latency_ms: float
@@ -247,7 +251,7 @@ def link_figures(measurements: list[PairMeasurement], device_of: dict[int, str],
         a, b = device_of[m.a], device_of[m.b]
         i, j = cluster.index(a), cluster.index(b)
         spec_gbps = float(cluster.bandwidth[i, j]) / GBPS
-        gbps = (m.a_to_b + m.b_to_a) / 2 / GBPS
+        gbps = min(m.a_to_b, m.b_to_a) / GBPS
         if emulation is not None and emulation.emulated_gbps[m.a][m.b]:
             gbps *= emulation.spec_gbps[m.a][m.b] / emulation.emulated_gbps[m.a][m.b]
         out.append(LinkFigure(a=a, b=b, gbps=gbps, latency_ms=m.latency_s * 1e3, spec_gbps=spec_gbps,

@@ -170,7 +170,7 @@ def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", "train-policy", "--timesteps", "100000",
                              "--out-dir", str(run), "--cache-dir", str(tmp_path / "cache"), "--no-track", *TINY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 120
         while not (run / RESUME_FILE).exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -186,3 +186,10 @@ def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     assert "Traceback" not in err and f"--resume --out-dir {run}" in err, err
     state = ResumeState.from_dir(run)
     assert not state.finished and state.num_timesteps % 48 == 0 and state.n_updates == state.num_timesteps // 48
+
+
+def _default_signals() -> None:
+    """A suite started under ``nohup`` (or as a background job) passes SIGHUP (SIGINT) ignored to its
+    children, and an ignored signal stays ignored, as it should; a user's terminal does neither."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
