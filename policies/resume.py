@@ -9,9 +9,11 @@ imitation summary, the time spent, the W&B run id and the run's configuration.
 
 The step counter is that of the last PPO update: the steps of a rollout cut short by
 Ctrl-C were never learned from, so a resumed run collects them again (from fresh
-episodes: the environments' own state is not kept). A run interrupted before PPO began
-(during the heuristic starts or imitation) has no state to resume; imitation is
-deterministic and the starts are cached, so starting anew repeats only imitation.
+episodes: the environments' own state is not kept). Ctrl-C during an update leaves the
+state saved before it (the update's half-changed weights and Adam moments are not saved).
+A run interrupted before PPO began (during the heuristic starts or imitation) has no
+state to resume; imitation is deterministic and the starts are cached, so starting anew
+repeats only imitation.
 """
 
 from __future__ import annotations

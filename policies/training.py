@@ -235,6 +235,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     best: dict[str, Any] = dict(resumed.best) if resumed else {}
     imitation: list[dict[str, Any]] = list(resumed.imitation) if resumed else []
     learned = {"steps": model.num_timesteps}  # PPO steps the last update learned from
+    # between a rollout's end and the next one's start PPO updates the weights and Adam in
+    # place: a state saved then would hold a half-done update under the last one's counters
+    updating = {"now": False}
 
     def save_state(*, finished: bool = False) -> None:
         ResumeState(config=asdict(config), num_timesteps=learned["steps"], n_updates=model._n_updates,
@@ -279,6 +282,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
         def _on_rollout_start(self) -> None:
             learned["steps"] = self.num_timesteps  # the previous rollout's update is done
+            updating["now"] = False
             # milliseconds a rollout of seconds: a run killed outright loses one rollout at most
             save_state()
 
@@ -296,6 +300,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             return True
 
         def _on_rollout_end(self) -> None:
+            updating["now"] = True  # PPO's update follows
             if self.returns:
                 tracker.log({"train/episode_return": float(np.mean(self.returns)),
                              "train/episode_gain": float(np.mean(self.gains)), "train/episodes": len(self.returns)},
@@ -332,6 +337,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             finally:  # on Ctrl-C too: the interrupted line then starts on a line of its own
                 hooks.close()
             learned["steps"] = model.num_timesteps
+            updating["now"] = False
             model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
         t_train = elapsed()
         phase = "final evaluation"
@@ -362,7 +368,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
         resumable = phase != "imitation"
-        if resumable:
+        if resumable and not updating["now"]:  # else the state saved at the rollout's start stands
             save_state()
         path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
                            meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,

@@ -164,6 +164,36 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
 
 
 @pytest.mark.slow
+def test_ctrl_c_during_an_update_keeps_the_state_of_the_update_before(run_cli, tmp_path, monkeypatch):
+    """PPO updates the weights and Adam in place: a state saved mid-update would pair half an
+    update with the previous one's counters."""
+    from sb3_contrib import MaskablePPO
+
+    run = tmp_path / "run"
+    real_train = MaskablePPO.train
+    seen = {"calls": 0}
+
+    def half_an_update_then_ctrl_c(self):
+        seen["calls"] += 1
+        if seen["calls"] == 2:  # the second update: its first gradient steps are done, then Ctrl-C
+            seen["before"] = {k: v.clone() for k, v in self.policy.state_dict().items()}
+            with torch.no_grad():
+                for p in self.policy.parameters():
+                    p.add_(1.0)
+            raise KeyboardInterrupt
+        return real_train(self)
+
+    monkeypatch.setattr(MaskablePPO, "train", half_an_update_then_ctrl_c)
+    code, _, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 130 and f"--resume --out-dir {run}" in err, err
+    saved = ResumeState.from_dir(run)
+    assert saved.num_timesteps == 48 and saved.n_updates == 1
+    for key, value in seen["before"].items():
+        assert torch.equal(saved.policy[key], value), key
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     """A scheduler's `kill` or a closed terminal: the run saves its state and can resume."""
