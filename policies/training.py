@@ -243,7 +243,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
         ResumeState(config=asdict(config), num_timesteps=learned["steps"], n_updates=model._n_updates,
                     policy=model.policy.state_dict(), optimizer=model.policy.optimizer.state_dict(),
                     torch_rng=torch.get_rng_state(), curve=curve, best=best, imitation=imitation,
-                    starts_s=t_starts, wall_s=elapsed(), wandb_id=tracker.run_id, finished=finished).save(out)
+                    starts_s=t_starts, wall_s=elapsed(), finished=finished,
+                    # a part run untracked keeps the run's id for the next part that is tracked
+                    wandb_id=tracker.run_id or (resumed.wandb_id if resumed else None)).save(out)
 
     def checkpoint(steps: int) -> None:
         """Held-out evaluation, logged, and a policy file."""

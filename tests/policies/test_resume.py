@@ -194,6 +194,21 @@ def test_ctrl_c_during_an_update_keeps_the_state_of_the_update_before(run_cli, t
 
 
 @pytest.mark.slow
+def test_a_part_resumed_untracked_keeps_the_w_and_b_run_for_the_next(run_cli, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", *TINY)
+    assert code == 0, err
+    first_id = ResumeState.from_dir(run).wandb_id
+    assert first_id
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "96", "--no-track")
+    assert code == 0, err
+    assert ResumeState.from_dir(run).wandb_id == first_id
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "144", "--track")
+    assert code == 0 and f"W&B run {first_id}" in err, err
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     """A scheduler's `kill` or a closed terminal: the run saves its state and can resume."""
