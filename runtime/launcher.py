@@ -431,7 +431,9 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     cluster = Cluster.from_file(network) if network else Cluster.from_spec(cfg.cluster_spec, "cluster")
     network_file = ClusterFile(network) if network else None
     source = "network file" if network else "cluster file"
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter, cfg.measure_links)
+    # one device has no link to measure: its worker does not, and the drift note must not say it will
+    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter,
+                        cfg.measure_links and len(devices) > 1)
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
     stalled = switching = False
 

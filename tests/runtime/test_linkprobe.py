@@ -137,6 +137,27 @@ def test_a_run_whose_spec_is_out_of_date_writes_the_cluster_as_measured(tmp_path
     assert f"the cluster as measured is in {tmp_path / 'run' / 'cluster-measured.json'}" in proc.stderr
 
 
+@pytest.mark.slow
+def test_a_one_device_plan_measures_nothing_and_its_drift_note_does_not_promise_it(tmp_path, monkeypatch):
+    from spantrain.runtime import launcher
+
+    p = _inputs(tmp_path)
+    p["plan"].write_text(json.dumps(plan("1f1b", "allreduce", [(1, 10, [("a-0", 0, 6)])])))
+    seen = []
+
+    class Progress(launcher._Progress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.measuring)
+
+    monkeypatch.setattr(launcher, "_Progress", Progress)
+    code, _, err = spantrain_here("run", "--cluster", str(p["cluster"]), "--model", str(p["model"]), "--plan",
+                                  str(p["plan"]), "--steps", "2", "--emulate", "--emulate-mode", "local",
+                                  "--measure-links", "--run-dir", str(tmp_path / "run"), "--no-progress")
+    assert code == 0, err
+    assert not _events(tmp_path / "run", "links") and seen == [False]
+
+
 def test_emulate_network_needs_emulate_and_the_plan_devices(tmp_path):
     p = _inputs(tmp_path)
     other = tmp_path / "other.json"
