@@ -19,7 +19,8 @@ transport does (a no-op when not emulated):
 `spantrain profile` measures every pair of a cluster this way
 (`spantrain.profiler.network`). A training run measures the links its plan uses
 (`measure_links`), in-band, between two iterations: the pairs of neighbouring stages of
-every pipeline and of every holder group's sync ring (its ranks in order, cyclic). Every
+every pipeline and of every holder group's sync rings (its ranks in order, cyclic; under
+hierarchical sync each region's ranks and the regions' leaders, `sync_rings`). Every
 rank walks the same list; a pair's two ranks measure while the others wait at a barrier,
 one pair at a time, since pairs sharing a bottleneck would slow each other down.
 `link_figures` turns the measurements into spec figures (under the emulator the shaped
@@ -38,8 +39,8 @@ from typing import Any
 
 from spantrain.runtime.emulator.latency import delay_before_send
 
-__all__ = ["TIMED_TRANSFERS", "PairMeasurement", "measure_pair", "plan_pairs", "measure_links", "LinkFigure",
-           "link_figures", "measured_cluster", "links_message", "CHANGE_FACTOR"]
+__all__ = ["TIMED_TRANSFERS", "PairMeasurement", "measure_pair", "plan_pairs", "sync_rings", "measure_links",
+           "LinkFigure", "link_figures", "measured_cluster", "links_message", "CHANGE_FACTOR"]
 
 _PROBE_START = 16 * 1024
 _PROBE_ENOUGH_S = 0.05
@@ -194,6 +195,19 @@ def plan_pairs(pipelines: list[list[int]], holder_groups: list[tuple[int, ...]])
         if len(ring) > 1:
             pairs.update(zip(ring, ring[1:] + ring[:1], strict=True))
     return sorted({(min(a, b), max(a, b)) for a, b in pairs if a != b})
+
+
+def sync_rings(holder_groups) -> list[tuple[int, ...]]:
+    """The rank groups whose rings a plan's data-parallel sync crosses, for `plan_pairs`: each holder
+    group's ranks, or under hierarchical sync (`spantrain.runtime.sync.HolderGroup.region_ranks` set)
+    each region's ranks and the regions' leaders, which are the only ranks that talk across regions."""
+    rings = []
+    for g in holder_groups:
+        if g.region_ranks:
+            rings.extend([*g.region_ranks.values(), g.leaders])
+        else:
+            rings.append(g.ranks)
+    return rings
 
 
 def measure_links(transport, pairs: list[tuple[int, int]], rank: int) -> list[PairMeasurement]:

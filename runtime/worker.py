@@ -39,7 +39,14 @@ from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkp
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.data import SampleStream, batch_slices, load_tokens
 from spantrain.runtime.entry import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, error_file
-from spantrain.runtime.linkprobe import link_figures, links_message, measure_links, measured_cluster, plan_pairs
+from spantrain.runtime.linkprobe import (
+    link_figures,
+    links_message,
+    measure_links,
+    measured_cluster,
+    plan_pairs,
+    sync_rings,
+)
 from spantrain.runtime.metrics import MetricsLog, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
@@ -146,7 +153,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         # in-band link measurement: a plain local run's loopback says nothing of the spec's links
         measuring = cfg.measure_links and (transport.emulation is not None or not local)
         pairs = plan_pairs([layout.pipeline_ranks(i) for i in range(len(plan.pipelines))],
-                           [g.ranks for g in holder_groups]) if measuring else []
+                           sync_rings(holder_groups)) if measuring else []
         measure_reason = "start"
         if metrics is not None:
             metrics.measuring = bool(pairs)

@@ -20,6 +20,7 @@ from spantrain.runtime.linkprobe import (
     links_message,
     measured_cluster,
     plan_pairs,
+    sync_rings,
 )
 
 # Two pipelines of two stages; each stage pair crosses the slow link between the regions.
@@ -37,6 +38,17 @@ def test_a_plan_uses_its_stage_neighbours_and_its_sync_rings():
     assert plan_pairs([[0, 1, 2], [3, 4]], [(0, 3), (1, 4), (2, 4), (5,)]) == [(0, 1), (0, 3), (1, 2), (1, 4), (2, 4),
                                                                                (3, 4)]
     assert plan_pairs([[2, 0]], [(0, 1, 2)]) == [(0, 1), (0, 2), (1, 2)]  # a ring of three closes on itself
+
+
+def test_hierarchical_sync_crosses_regions_only_between_leaders():
+    from spantrain.runtime.sync import HolderGroup
+
+    flat = HolderGroup(ranks=(0, 1, 2, 3), layers=(0,))
+    # regions r1 = {0, 1}, r2 = {2, 3}: sums inside each, then between leaders 0 and 2
+    tiered = HolderGroup(ranks=(0, 1, 2, 3), layers=(0,), region_ranks={"r1": (0, 1), "r2": (2, 3)},
+                         leaders=(0, 2))
+    assert plan_pairs([], sync_rings([flat])) == [(0, 1), (0, 3), (1, 2), (2, 3)]
+    assert plan_pairs([], sync_rings([tiered])) == [(0, 1), (0, 2), (2, 3)]
 
 
 def test_measurements_become_spec_figures_and_the_changed_links_overrides():
