@@ -329,7 +329,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
                                                    gamma=config.gamma, seed=config.seed, progress=config.progress)]
             tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
         phase = "ppo"
-        if resumed is None and (imitation or init is not None):
+        # the starting policy (imitation's, or --init-policy's) is evaluated as step 0, also by a
+        # resumed run that was stopped during that evaluation
+        started_from = imitation or init is not None or (resumed is not None and resumed.config.get("init_policy"))
+        if started_from and model.num_timesteps == 0 and not any(p["steps"] == 0 for p in curve):
             checkpoint(0)
         if config.timesteps > model.num_timesteps:
             hooks = Hooks()

@@ -238,3 +238,30 @@ def _default_signals() -> None:
     children, and an ignored signal stays ignored, as it should; a user's terminal does neither."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_while_evaluating_its_imitation_result_evaluates_it_on_resume(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies import training
+
+    real, calls = training.evaluate_policy, []
+
+    def ctrl_c_at_the_first_evaluation(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    run = tmp_path / "run"
+    flags = [a for a in TINY if a not in ("--imitation-episodes", "0")]
+    with monkeypatch.context() as m:
+        m.setattr(training, "evaluate_policy", ctrl_c_at_the_first_evaluation)
+        code, _, err = run_cli("train-policy", "--timesteps", "48", "--imitation-episodes", "2", "--imitation-rounds",
+                               "1", "--out-dir", run, "--cache-dir", tmp_path / "cache", "--no-track", *flags)
+    assert code == 130 and f"--resume --out-dir {run}" in err, err
+    state = ResumeState.from_dir(run)
+    assert state.curve == [] and state.imitation and state.num_timesteps == 0
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["steps"] for p in summary["curve"]] == [0, 48]  # the imitation result is a candidate for best again
