@@ -19,7 +19,6 @@ repeats only imitation.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,19 +74,12 @@ class ResumeState:
         until the file is renamed into place, then takes effect."""
         import torch
 
-        from spantrain._interrupt import SignalsHeld
+        from spantrain._interrupt import STOP_SIGNALS
+        from spantrain._spec import replace_file
 
         path = Path(out_dir) / RESUME_FILE
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         blob = {"format": _FORMAT, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
-        held = SignalsHeld()
-        with held:
-            try:
-                torch.save(blob, tmp)
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-        held.deliver()
+        replace_file(path, lambda tmp: torch.save(blob, tmp), STOP_SIGNALS)
         return path
 
     @classmethod

@@ -14,14 +14,15 @@ import os
 import re
 import signal
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "write_text_atomic", "cannot_write_in", "require_writable_dir", "check_keys", "is_figure",
-           "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number", "got", "plural",
-           "FIGURE_MIN", "FIGURE_MAX"]
+__all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
+           "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -84,22 +85,24 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             with open(path, "w") as f:
                 f.write(text)
         else:
-            _replace_file(Path(os.path.realpath(path)), text)
+            replace_file(Path(os.path.realpath(path)), lambda tmp: tmp.write_text(text))
     except OSError as e:  # named by the file the user asked for, not the temporary one
         raise type(e)(e.errno, e.strerror, shown) from None
 
 
-def _replace_file(path: Path, text: str) -> None:
-    """Write a temporary file beside `path`, then rename it over `path`."""
+def replace_file(path: Path, write: Callable[[Path], object], signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
+    """`write` a temporary file beside `path` (called with its path), then rename it over `path`:
+    readers see the old file or the new one, and `signals` (Ctrl-C) wait until the new one is in
+    place, then take effect."""
     from spantrain._interrupt import SignalsHeld
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     # Ctrl-C takes effect once the file is whole: `topo`, `plan` and the like quit on it with
     # os._exit (`spantrain._interrupt`), which runs no `finally`, and left the temporary file behind
-    held = SignalsHeld((signal.SIGINT,))
+    held = SignalsHeld(signals)
     with held:
         try:
-            tmp.write_text(text)
+            write(tmp)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(OSError):
