@@ -154,7 +154,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         measuring = cfg.measure_links and (transport.emulation is not None or not local)
         pairs = plan_pairs([layout.pipeline_ranks(i) for i in range(len(plan.pipelines))],
                            sync_rings(holder_groups)) if measuring else []
-        measure_reason = "start"
+        measure_reason = "start"  # rank 0's: why the measurement it asks for is made
         if metrics is not None:
             metrics.measuring = bool(pairs)
         last_ckpt = None
@@ -179,8 +179,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             loss_part = float(torch.stack(losses).detach().mean()) * share if losses else 0.0
             # rank 0 asks for a measurement: after the first iteration, and after drift
             ask = bool(pairs) and metrics is not None and (step == start_step or metrics.drift_pending)
-            if ask and metrics.drift_pending:
-                measure_reason, metrics.drift_pending = "drift", False
+            if ask:  # `_measure` clears the drift it answers
+                measure_reason = "drift" if metrics.drift_pending else "start"
             row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu,
                                 float(ask)], dtype=torch.float64, device=device)
             rows = transport.all_gather_rows(row).cpu()
