@@ -6,6 +6,7 @@ Modules, one job each:
 - `data`: byte-level samples; global sample index -> replica, the same on every rank.
 - `rankmap`: plan devices -> global ranks (plan order, mapping file, host/local_rank records).
 - `transport`: every transfer and collective (timed; where latency emulation hooks in).
+- `linkprobe`: point-to-point link measurement (the profiler's pairs, a run's own links in-band).
 - `pipeline` + `zb_order`: a rank's stage and its torch.distributed.pipelining schedule.
 - `sync`: per-layer data-parallel sync among the layer's holders (allreduce, hierarchical, local-sgd).
 - `optim`, `checkpoint`, `metrics`: AdamW, layer-keyed DCP checkpoints, per-step metrics.
