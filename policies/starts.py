@@ -55,8 +55,9 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
                   "knobs": {"micro_batch_size": cand.knobs.micro_batch_size, "schedule": cand.knobs.schedule,
                             "sync": cand.knobs.sync, "period": cand.knobs.period}}
     path = Path(cache) / f"{_key_name(key)}.json"
-    # Ctrl-C reaches the worker processes too, and a half-written file must not pass for a cached start
-    write_text_atomic(path, json.dumps({"key": list(key), "start": record}))
+    # a half-written file must not pass for a cached start; and the pool's exit after Ctrl-C
+    # terminates its workers (SIGTERM), which mid-write left the temporary file behind
+    write_text_atomic(path, json.dumps({"key": list(key), "start": record}), (signal.SIGINT, signal.SIGTERM))
     return key, record
 
 

@@ -67,7 +67,7 @@ def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
         raise error(f"{p}: YAML syntax error{where}: {problem}") from None
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
+def write_text_atomic(path: str | Path, text: str, signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
     """Write `text` to `path` so that a reader sees the old file or the new one, never half
     of it: a run following its cluster file (``run --adapt``) may read it at any moment, and
     Ctrl-C may come mid-write. Written beside it, then renamed over it.
@@ -75,7 +75,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     What the path names is written, not replaced: a device or a pipe (``-o /dev/null``,
     ``-o /dev/stdout``) gets the text written into it, since a rename would put a regular
     file in place of the device (and needs write access to /dev); a symlink keeps pointing
-    at its target, and the target is the file renamed over."""
+    at its target, and the target is the file renamed over. `signals` wait until the file is in
+    place (`replace_file`)."""
     shown = str(path)
     path = Path(path)
     if path.is_dir():  # `-o .`: no name to write beside (and nothing to replace)
@@ -85,7 +86,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             with open(path, "w") as f:
                 f.write(text)
         else:
-            replace_file(Path(os.path.realpath(path)), lambda tmp: tmp.write_text(text))
+            replace_file(Path(os.path.realpath(path)), lambda tmp: tmp.write_text(text), signals)
     except OSError as e:  # named by the file the user asked for, not the temporary one
         raise type(e)(e.errno, e.strerror, shown) from None
 

@@ -48,6 +48,24 @@ def test_a_half_written_cache_file_is_recomputed(tmp_path):
     assert path.read_text() == whole
 
 
+def test_a_worker_terminated_while_writing_its_start_finishes_the_file_first(tmp_path):
+    # the pool's exit after Ctrl-C sends its workers SIGTERM; one that came mid-write left a
+    # temporary file in the cache. Here SIGTERM arrives between writing and renaming.
+    code = ("import os, signal, sys\n"
+            "from spantrain.policies.starts import _plan_one\n"
+            "rename = os.replace\n"
+            "def terminated_then_rename(a, b):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    rename(a, b)\n"
+            "os.replace = terminated_then_rename\n"
+            f"_plan_one(({KEY!r}, sys.argv[1]))\n"
+            "print('not terminated')\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr + proc.stdout
+    assert [p.suffix for p in tmp_path.iterdir()] == [".json"]
+    assert HeuristicStarts(tmp_path).prepare([KEY], progress=False) == 0  # whole: read back, not recomputed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c", "kill-int"])
 def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_written(tmp_path, to_group):
