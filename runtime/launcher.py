@@ -250,7 +250,7 @@ class _Progress:
                 continue
             msg = None
             if rec.get("event") == "drift" and self.note is not None:
-                msg = f"spantrain run: note: {drift_message(rec, self.cluster_file, self.measuring)}"
+                msg = f"spantrain run: note: {drift_message(rec, self.cluster_file, self.measuring, self.total)}"
             if rec.get("event") == "links" and self.note is not None:
                 msg = f"spantrain run: note: {links_message(rec, adapting=self.cluster_file is not None)}"
             if msg is not None:

@@ -88,9 +88,12 @@ class DriftWatch:
         return None
 
 
-def drift_message(event: dict[str, Any], cluster_file: str | None = None, measuring: bool = False) -> str:
+def drift_message(event: dict[str, Any], cluster_file: str | None = None, measuring: bool = False,
+                  last_step: int | None = None) -> str:
     """What to tell the user about a ``drift`` event; `cluster_file`: the file an ``--adapt`` run
-    follows; `measuring`: the run measures its links in-band on drift (``--measure-links``)."""
+    follows; `measuring`: the run measures its links in-band on drift (``--measure-links``), after
+    the drifting iteration unless that was `last_step`, the run's last."""
+    measuring = measuring and (last_step is None or event["step"] < last_step)
     what = (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
             f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was {event['baseline_step_s']:.3g} s; "
             f"iteration {event['step']})")
@@ -135,6 +138,8 @@ class MetricsLog:
         """Set when a drift event was written; whoever re-measures the links clears it."""
         self.measuring = False
         """Whether the run measures its links on drift (the drift note then says so)."""
+        self.last_step: int | None = None
+        """The run's last iteration: no measurement follows a drift there."""
         self.announce = announce
         """Called with `drift_message` on drift (torchrun's rank 0; local runs' launcher reads the event)."""
 
@@ -155,7 +160,7 @@ class MetricsLog:
             if self.tracker is not None:
                 self.tracker.log({"drift_slowdown": slowdown}, step=record["step"])
             if self.announce is not None:
-                self.announce(drift_message(event, measuring=self.measuring))
+                self.announce(drift_message(event, measuring=self.measuring, last_step=self.last_step))
         if self.tracker is not None:
             scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s") if k in record}
             for r in record.get("ranks", []):

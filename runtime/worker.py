@@ -156,7 +156,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                            sync_rings(holder_groups)) if measuring else []
         measure_reason = "start"  # rank 0's: why the measurement it asks for is made
         if metrics is not None:
-            metrics.measuring = bool(pairs)
+            metrics.measuring, metrics.last_step = bool(pairs), cfg.steps
         last_ckpt = None
         ckpt_pending = False
         t_mark = time.perf_counter()

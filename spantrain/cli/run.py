@@ -257,7 +257,10 @@ def _check_network(path: str, emulate: bool, plan) -> None:
 
     if not emulate:
         raise SpecError("--emulate-network sets the emulated cluster's network: add --emulate, or leave it out")
-    network = load_cluster(path)
+    try:
+        network = load_cluster(path)
+    except SpecError as e:  # named by its flag: the run reads two cluster files
+        raise SpecError(f"--emulate-network {e}") from None
     missing = [d for d in plan.devices if d not in network]
     if missing:
         raise SpecError(f"--emulate-network {path} has no device {', '.join(missing)} of the plan: it must hold the "

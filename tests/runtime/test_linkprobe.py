@@ -181,6 +181,8 @@ def test_emulate_network_needs_emulate_and_the_plan_devices(tmp_path):
     assert code == 2 and "--emulate-network sets the emulated cluster's network: add --emulate" in err, err
     code, _, err = spantrain_here(*base, "--emulate", "--emulate-network", str(other))
     assert code == 2 and f"--emulate-network {other} has no device b-0, b-1 of the plan" in err, err
+    code, _, err = spantrain_here(*base, "--emulate", "--emulate-network", str(tmp_path / "gone.yaml"))
+    assert code == 2 and f"--emulate-network {tmp_path / 'gone.yaml'}: file not found" in err, err
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spantrain.runtime.launcher import _Progress
 from spantrain.runtime.metrics import DRIFT_FACTOR, DriftWatch, MetricsLog, summarize
 
@@ -52,6 +54,23 @@ def test_launcher_progress_turns_the_drift_event_into_a_note(tmp_path):
     watcher.poll()
     assert watcher.last_step == 10
     assert len(notes) == 1 and notes[0].startswith("spantrain run: note: iterations are 4.0x slower")
+
+
+@pytest.mark.parametrize("last_step", [11, 10])
+def test_a_measuring_run_promises_a_measurement_only_when_an_iteration_follows_the_drift(tmp_path, last_step):
+    path = tmp_path / "m.jsonl"
+    notes, heard = [], []
+    watcher = _Progress(path, total=last_step, start=0, show=False, note=notes.append, measuring=True)
+    log = MetricsLog(path, announce=heard.append)  # torchrun's rank 0 announces the drift itself
+    log.measuring, log.last_step = True, last_step
+    for k, t in enumerate([1.0] * 7 + [4.0] * 3):  # drift at iteration 10
+        log.step(_record(k + 1, t))
+    log.close()
+    watcher.poll()
+    promised = last_step > 10
+    for note in (notes[0], heard[0]):
+        assert ("measuring the plan's links after the next iteration" in note) == promised, note
+        assert ("re-measure them (spantrain profile)" in note) != promised, note
 
 
 def test_a_new_launch_reads_only_its_own_lines_and_an_adapting_run_names_its_cluster_file(tmp_path):
