@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -33,17 +34,22 @@ def _issue(log: list[float]):
     return issue
 
 
+def _on_time(times: list[float], expected: list[float]) -> bool:
+    # never early; late only by what a loaded machine's scheduler may add (a thread woken late)
+    return all(want - 0.005 <= t < want + 0.04 for t, want in zip(times, expected, strict=True))
+
+
 def test_sender_returns_at_once_and_messages_leave_one_latency_later():
     sends = DelayedSends(_emulation(kernel_shaping=True), rank=0)
     log: list[float] = []
     t0 = time.perf_counter()
     for _ in range(3):
         assert sends.submit(1, 100_000, _issue(log)).wait()
-    assert time.perf_counter() - t0 < 0.02  # three 50 ms latencies did not hold the sender
+    assert time.perf_counter() - t0 < 0.04  # three 50 ms latencies did not hold the sender
     sends.flush()
     sends.close()
     # The kernel shapes the bytes: each message is issued one latency after its hand-over, in order.
-    assert [t - t0 for t in log] == pytest.approx([0.05, 0.05, 0.05], abs=0.015)
+    assert _on_time([t - t0 for t in log], [0.05, 0.05, 0.05]), log
 
 
 def test_without_kernel_shaping_the_channel_also_serializes_the_bytes():
@@ -54,7 +60,8 @@ def test_without_kernel_shaping_the_channel_also_serializes_the_bytes():
         sends.submit(1, 20_000, _issue(log))  # 20 ms each at 1 MB/s, queued FIFO, then 50 ms latency
     sends.flush()
     sends.close()
-    assert [t - t0 for t in log] == pytest.approx([0.07, 0.09, 0.11], abs=0.015)
+    times = [t - t0 for t in log]
+    assert _on_time(times, [0.07, 0.09, 0.11]) and all(b - a >= 0.015 for a, b in itertools.pairwise(times)), times
 
 
 def test_a_failed_send_is_raised_to_the_sender():

@@ -58,7 +58,7 @@ def test_latency_contract_reads_the_file_named_by_the_env_var(cluster, tmp_path,
     t0 = time.perf_counter()
     slept = latency.delay_before_send(0, 1, nbytes=10**6)  # kernel shapes: latency only
     took = time.perf_counter() - t0
-    assert slept == pytest.approx(0.002) and 0.002 <= took < 0.02
+    assert slept == pytest.approx(0.002) and 0.002 <= took < 0.035  # 1 MB at 0.2 Gbit/s would add 40 ms
     assert latency.current().rank_of("b-0") == 2
     assert latency.ring_allreduce_delay_s([0, 1, 2], 10**9) == pytest.approx(0.08)  # the kernel shapes bytes
 
