@@ -10,6 +10,7 @@ Modules, one job each:
 - `pipeline` + `zb_order`: a rank's stage and its torch.distributed.pipelining schedule.
 - `sync`: per-layer data-parallel sync among the layer's holders (allreduce, hierarchical, local-sgd).
 - `optim`, `checkpoint`, `metrics`: AdamW, layer-keyed DCP checkpoints, per-step metrics.
+- `loss_scale`: fp16's dynamic loss scale, one decision for all ranks.
 - `worker` (one rank), `launcher` + `entry` (local processes and their supervisor),
   `stop_signals` (SIGTERM/SIGHUP unwind a launcher, an emulated cluster or `train-policy` like Ctrl-C),
   `preflight` (refusals before any process starts), `config` (what a worker is told),

@@ -16,7 +16,10 @@ from spantrain.cluster import Cluster
 from spantrain.plan import Plan
 from spantrain.workload import Workload, load_workload
 
-__all__ = ["OptimConfig", "RunConfig"]
+__all__ = ["OptimConfig", "RunConfig", "INITIAL_LOSS_SCALE"]
+
+INITIAL_LOSS_SCALE = 2.0**16
+"""fp16's first loss scale, torch `GradScaler`'s: typical gradients neither underflow nor overflow."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,13 @@ class RunConfig:
     ``RUN_DIR/cluster-measured.json``. Emulated and torchrun runs only: a plain local run's
     workers share this machine's loopback, which says nothing of the spec's links."""
     precision: str = "fp32"
-    """What the workers train in: ``fp32``, or ``bf16`` mixed precision (fp32 weights and
-    optimizer, bf16 compute and activations; `spantrain.runtime.models`). A GPU without bf16
-    trains in fp32 and the result says so."""
+    """What the workers train in: ``fp32``; ``bf16`` mixed precision (fp32 weights and
+    optimizer, bf16 compute and activations; `spantrain.runtime.models`), which a GPU without
+    bf16 trains in fp32 (the result says so); or ``fp16`` mixed precision, the same with fp16
+    and a dynamic loss scale all ranks agree on (`spantrain.runtime.loss_scale`)."""
+    loss_scale: float = INITIAL_LOSS_SCALE
+    """fp16: the loss scale to start from (halved on every overflow, doubled after 2000
+    clean iterations; a resumed run continues from its checkpoint's)."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

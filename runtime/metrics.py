@@ -162,7 +162,7 @@ class MetricsLog:
             if self.announce is not None:
                 self.announce(drift_message(event, measuring=self.measuring, last_step=self.last_step))
         if self.tracker is not None:
-            scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s") if k in record}
+            scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s", "loss_scale") if k in record}
             for r in record.get("ranks", []):
                 for k in ("compute_s", "p2p_wait_s", "sync_s"):
                     scalars[f"rank{r['rank']}/{k}"] = r[k]

@@ -20,8 +20,8 @@ Families (the workload docstring gives the formulas):
 There is no dropout: the runtime must give bit-for-bit the same function however the
 model is cut, and dropout would tie results to each rank's random stream.
 
-Mixed precision (``precision="bf16"``, `TRAIN_PRECISIONS`): parameters, gradients and
-AdamW's state stay fp32; a stage computes under `torch.autocast` in bf16, keeps the
+Mixed precision (``precision="bf16"`` or ``"fp16"``, `TRAIN_PRECISIONS`; bf16 below): parameters,
+gradients and AdamW's state stay fp32; a stage computes under `torch.autocast` in bf16, keeps the
 residual stream in fp32 inside itself, and hands the next stage bf16 activations (so
 activations and their gradients cross the wire at 2 bytes, as the cost model assumes).
 The last stage's output (the logits) is fp32, so the loss is computed in fp32. The cut
@@ -47,10 +47,9 @@ __all__ = ["IGNORE_INDEX", "TRAIN_PRECISIONS", "build_layer", "build_stage_modul
 IGNORE_INDEX = -100
 """Target value for positions that carry no loss (BERT's unmasked tokens)."""
 
-TRAIN_PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-"""What the runtime trains in -> the autocast dtype (None: plain fp32). fp16 needs loss
-scaling, which a pipeline would have to agree on across stages; the CLI trains fp16
-workloads in bf16, which moves the same bytes."""
+TRAIN_PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""What the runtime trains in -> the autocast dtype (None: plain fp32). fp16 also needs its
+loss scaled (`spantrain.runtime.loss_scale`, which the worker adds)."""
 
 _STD = 0.02
 _RESIDUAL_OUTPUTS = frozenset({"attn.out.weight", "mlp.proj.weight", "mlp.down.weight"})
@@ -291,12 +290,12 @@ class StageModule(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.autocast is None:
-            if x.is_floating_point() and x.dtype != torch.float32:  # from a bf16 stage (a GPU without bf16)
+            if x.is_floating_point() and x.dtype != torch.float32:  # from a mixed-precision stage
                 x = x.float()
             for i in self.indices:
                 x = self.layers[str(i)](x)
             return x
-        if x.is_floating_point():  # a previous stage's bf16 activations (token ids stay integers)
+        if x.is_floating_point():  # a previous stage's half-precision activations (token ids stay integers)
             x = x.float()
         with torch.autocast(x.device.type, dtype=self.autocast):
             for i in self.indices:
@@ -317,7 +316,8 @@ def build_stage_module(workload: Workload, start: int, end: int, *, seed: int = 
     if not 0 <= start < end <= workload.num_layers:
         raise WorkloadError(f"layer range [{start}, {end}) is not inside the model's {workload.num_layers} layers")
     if precision not in TRAIN_PRECISIONS:
-        raise WorkloadError(f"the runtime trains in {' or '.join(TRAIN_PRECISIONS)}, not {precision!r}")
+        *most, last = TRAIN_PRECISIONS
+        raise WorkloadError(f"the runtime trains in {', '.join(most)} or {last}, not {precision!r}")
     return StageModule({i: build_layer(arch, i, workload.num_layers, seed=seed, device=device)
                         for i in range(start, end)},
                        autocast=TRAIN_PRECISIONS[precision], final=end == workload.num_layers)

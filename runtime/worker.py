@@ -5,7 +5,8 @@ or by torchrun (then `spantrain run` itself calls `run_worker` in every process)
 
 An iteration on every rank: take this pipeline's share of the next samples (first and last
 stage only), run the stage's schedule, weight and sum gradients with the layer's other
-holders, AdamW step, then meet all ranks in one small all-gather that carries the loss,
+holders (fp16: unscale them, and skip the step on every rank if any rank found an overflow,
+`spantrain.runtime.loss_scale`), AdamW step, then meet all ranks in one small all-gather that carries the loss,
 the per-rank timings and the stop vote (so a SIGTERM on any rank stops all of them at the
 same iteration, after which they checkpoint and exit cleanly).
 
@@ -47,6 +48,7 @@ from spantrain.runtime.linkprobe import (
     plan_pairs,
     sync_rings,
 )
+from spantrain.runtime.loss_scale import LossScaler
 from spantrain.runtime.metrics import MetricsLog, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
@@ -101,10 +103,11 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             precision = "fp32"  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
         module = build_stage_module(workload, *me.layers, seed=cfg.seed, device=device, precision=precision)
         optimizer = make_optimizer(module, cfg.optim)
+        scaler = LossScaler(scale=cfg.loss_scale) if precision == "fp16" else None
         runner = build_stage_runner(schedule=plan.schedule, module=module, stage_index=me.stage,
                                     stage_ranks=layout.pipeline_ranks(me.pipeline),
                                     num_micro_batches=pipeline.num_micro_batches, group=pipe_groups[me.pipeline],
-                                    device=device, loss=loss_fn,
+                                    device=device, loss=scaler.scaled(loss_fn) if scaler else loss_fn,
                                     orders=lambda: _orders(cfg, cluster, workload, plan, me.pipeline))
         share = pipeline.batch / plan.batch
         sync = Synchronizer(mode=plan.sync.mode, period=plan.sync.period, rank=rank, region=me.region, share=share,
@@ -124,6 +127,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             Checkpointer.load(path, _checkpoint_tensors(module, optimizer))
             step, samples_seen, seed = int(state["step"]), int(state["samples_seen"]), int(state["seed"])
             restore_rng(path, state)
+            if scaler is not None and "loss_scale" in state:  # a checkpoint of an fp16 run
+                scaler.load_state_dict(state["loss_scale"])
             resumed_from = str(path)
 
         stream = None
@@ -170,13 +175,18 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 targets = y.to(device) if runner.is_last else None
             losses = runner.step(inputs, targets)
             sync.reduce_gradients(module, step)
-            optimizer.step()
+            scale, overflow = 1.0, False
+            if scaler is not None:  # fp16: every rank skips this update if any rank overflowed
+                scale, overflow = scaler.unscale_and_agree(module.parameters(),
+                                                           lambda votes: transport.all_reduce(votes, None), device)
+            if not overflow:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             sync.average_state(module, optimizer, step)
             busy, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = transport.take_stats()
             # detached: float() of a tensor that needs grad prints a UserWarning (on the terminal under torchrun)
-            loss_part = float(torch.stack(losses).detach().mean()) * share if losses else 0.0
+            loss_part = float(torch.stack(losses).detach().mean()) * share / scale if losses else 0.0
             # rank 0 asks for a measurement: after the first iteration, and after drift
             ask = bool(pairs) and metrics is not None and (step == start_step or metrics.drift_pending)
             if ask:  # `_measure` clears the drift it answers
@@ -197,7 +207,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                "compute_s": float(rows[r, 0] - rows[r, 1] - rows[r, 2]),
                                "p2p_wait_s": float(rows[r, 1]), "sync_s": float(rows[r, 2]),
                                "cpu_s": float(rows[r, 5])}
-                              for r in range(world_size)]})
+                              for r in range(world_size)],
+                    **({"loss_scale": scale, "overflow": overflow} if scaler is not None else {})})
             ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             final = stopping or step == cfg.steps
             # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync
@@ -209,7 +220,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 ensure_state(optimizer)  # parameters that never had a gradient still get (zero) state
                 ckpt_pending = False
                 last_ckpt = ckpt.save(step, _checkpoint_tensors(module, optimizer),
-                                      _train_state(step, samples_seen, seed, cfg, plan), model_meta(workload))
+                                      _train_state(step, samples_seen, seed, cfg, plan, scaler),
+                                      model_meta(workload))
                 if metrics is not None:
                     metrics.event("checkpoint", step=step, path=str(last_ckpt))
             if stopping:
@@ -227,6 +239,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
                   "backend": transport.backend, "precision": precision,
+                  "loss_scale": scaler.scale if scaler else None, "skipped_steps": scaler.skipped if scaler else 0,
                   "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
                   "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir}
         metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})
@@ -255,10 +268,12 @@ def _checkpoint_tensors(module, optimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan) -> dict[str, Any]:
+def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
+                 scaler: LossScaler | None) -> dict[str, Any]:
     return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
             "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-            "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time()}
+            "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time(),
+            **({"loss_scale": scaler.state_dict()} if scaler is not None else {})}
 
 
 def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layout: Layout, cluster,

@@ -71,9 +71,12 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adam-eps", type=float, default=_OPTIM_DEFAULTS["eps"], metavar="EPS",
                    help=f"AdamW epsilon ({_OPTIM_DEFAULTS['eps']:g})")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (0)")
-    p.add_argument("--precision", choices=("fp32", "bf16"),
-                   help="train in fp32, or in bf16 mixed precision: fp32 weights and AdamW, bf16 compute and "
-                   "activations (default: the model's precision; fp16 models train in bf16)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="train in fp32, or in bf16 or fp16 mixed precision: fp32 weights and AdamW, half-precision "
+                   "compute and activations; fp16 with a dynamic loss scale all ranks agree on, for GPUs without "
+                   "bf16 (default: the model's precision; fp16 models train in bf16)")
+    p.add_argument("--loss-scale", type=float, metavar="S",
+                   help="with --precision fp16: the loss scale to start from (65536; halved on overflow)")
     p.add_argument("--run-dir", metavar="DIR", help="metrics, logs and result of this run "
                    "(default runs/run-TIMESTAMP)")
     p.add_argument("--metrics", metavar="FILE", help="per-iteration JSON lines (default RUN_DIR/metrics.jsonl)")
@@ -136,6 +139,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
     check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
     check_seed(args.seed)
+    if args.loss_scale is not None:
+        check_finite("--loss-scale", args.loss_scale, "in [1, 2^40]", 1 <= args.loss_scale <= 2.0**40)
     if args.threads is not None and args.threads < 1:
         raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
     check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
@@ -315,8 +320,17 @@ def _run(args: argparse.Namespace) -> int:
 
     precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")
     if workload.precision == "fp16" and not args.precision:
-        _note("training the model's fp16 in bf16 mixed precision: the same bytes per value, and no loss scaling, "
-              "which fp16 needs and a pipeline would have to agree on across stages (--precision fp32 to avoid)")
+        _note("training the model's fp16 in bf16 mixed precision: the same bytes per value, and no loss scale to "
+              "tune (--precision fp16 for GPUs without bf16, --precision fp32 to avoid)")
+    if precision == "fp16":
+        import torch
+
+        if not torch.cuda.is_available():  # CPUs have bf16 kernels; their fp16 matmuls are emulated
+            _note("fp16 on CPUs computes many times slower than bf16 or fp32 (no fast fp16 kernels): it is for "
+                  "GPUs without bf16; use --precision bf16 on CPUs")
+    if args.loss_scale is not None and precision != "fp16":
+        raise ExecutionError(f"--loss-scale applies to fp16 training, and this run trains in {precision}: add "
+                             "--precision fp16, or leave --loss-scale out")
     zb_orders = zb_source = None
     if not torchrun:
         from spantrain.runtime.zb_order import run_orders
@@ -334,6 +348,7 @@ def _run(args: argparse.Namespace) -> int:
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
                     rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
                     zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision,
+                    **({"loss_scale": args.loss_scale} if args.loss_scale is not None else {}),
                     measure_links=args.measure_links if args.measure_links is not None else args.adapt)
 
     if torchrun:
@@ -474,6 +489,9 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
 
     precision = result.get("precision", "fp32")
     mixed = f" in {precision} mixed precision" if precision != "fp32" else ""
+    if result.get("skipped_steps"):
+        mixed += (f" ({result['skipped_steps']} update(s) skipped on fp16 overflow, loss scale now "
+                  f"{result['loss_scale']:g})")
     print(f"trained iterations {result['start_step']}..{result['final_step']} of {result['target_steps']}"
           f"{' (stopped early)' if result['stopped_early'] else ''}{mixed}: loss {fmt(result['loss_first'], '.4f')} -> "
           f"{fmt(result['loss_last'], '.4f')}, {fmt(result['samples_per_s'], '.1f')} samples/s "

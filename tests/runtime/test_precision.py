@@ -64,8 +64,8 @@ def test_an_fp32_stage_takes_a_bf16_neighbours_activations():
 def test_unknown_precision_is_named():
     from spantrain.errors import WorkloadError
 
-    with pytest.raises(WorkloadError, match="trains in fp32 or bf16, not 'fp16'"):
-        build_stage_module(workload(), 0, 2, precision="fp16")
+    with pytest.raises(WorkloadError, match="trains in fp32, bf16 or fp16, not 'fp8'"):
+        build_stage_module(workload(), 0, 2, precision="fp8")
 
 
 @pytest.mark.slow
@@ -97,7 +97,7 @@ def test_a_bf16_run_of_an_asymmetric_plan_trains_as_single_process_training_does
 
 @pytest.mark.parametrize(("model_precision", "flag", "trains", "note"), [
     ("fp32", None, "fp32", False), ("bf16", None, "bf16", False), ("fp16", None, "bf16", True),
-    ("bf16", "fp32", "fp32", False)])
+    ("bf16", "fp32", "fp32", False), ("fp16", "fp16", "fp16", False)])
 def test_the_model_precision_sets_the_default(tmp_path, monkeypatch, model_precision, flag, trains, note):
     from spantrain.runtime import launcher
 
@@ -116,6 +116,7 @@ def test_the_model_precision_sets_the_default(tmp_path, monkeypatch, model_preci
                                   "--run-dir", str(tmp_path / "run"), *(["--precision", flag] if flag else []))
     assert code == 130 and seen["precision"] == trains, err
     assert ("training the model's fp16 in bf16 mixed precision" in err) == note, err
+    assert ("fp16 on CPUs computes many times slower" in err) == (trains == "fp16"), err  # no GPU here
 
 
 def _write(tmp_path, plan_dict):
