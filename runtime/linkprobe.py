@@ -21,8 +21,9 @@ transport does (a no-op when not emulated):
 (`measure_links`), in-band, between two iterations: the pairs of neighbouring stages of
 every pipeline and of every holder group's sync rings (its ranks in order, cyclic; under
 hierarchical sync each region's ranks and the regions' leaders, `sync_rings`). Every
-rank walks the same list; a pair's two ranks measure while the others wait at a barrier,
-one pair at a time, since pairs sharing a bottleneck would slow each other down.
+rank walks the same list; a pair's two ranks measure while the others wait at a barrier
+(where the ranks also vote on stopping), one pair at a time, since pairs sharing a
+bottleneck would slow each other down.
 `link_figures` turns the measurements into spec figures (under the emulator the shaped
 rates are the spec's scaled, `emulated_gbps`, so a measured rate counts as spec x
 measured / emulated), and `measured_cluster` writes the links that changed into the
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,9 +212,11 @@ def sync_rings(holder_groups) -> list[tuple[int, ...]]:
     return rings
 
 
-def measure_links(transport, pairs: list[tuple[int, int]], rank: int) -> list[PairMeasurement]:
+def measure_links(transport, pairs: list[tuple[int, int]], rank: int,
+                  stop: Callable[[], bool] = lambda: False) -> list[PairMeasurement] | None:
     """Measure `pairs` one after another (a collective: every rank calls it with the same pairs);
-    every rank gets every measurement."""
+    every rank gets every measurement. None when a rank's `stop()` (Ctrl-C, SIGTERM) cut it short:
+    the ranks vote between pairs, so a stop waits for one pair at most, not for all of them."""
     import torch
     import torch.distributed as dist
 
@@ -220,7 +224,8 @@ def measure_links(transport, pairs: list[tuple[int, int]], rank: int) -> list[Pa
     device = transport.device if transport.backend == "nccl" else None
     mine = []
     for a, b in pairs:
-        transport.barrier()
+        if transport.any_rank(stop()):  # every rank votes, so all leave at the same pair
+            return None
         if rank in (a, b):
             m = measure_pair(dist, torch, rank, a, b, latency_slot_s=RUN_LATENCY_SLOT_S, transfer_s=RUN_TRANSFER_S,
                              device=device, probe_start=RUN_PROBE_START, timed=RUN_TIMED_TRANSFERS)

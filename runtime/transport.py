@@ -203,6 +203,15 @@ class Transport:
         dist.all_gather_object(out, obj)
         return out
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether any rank of the world passes True; also a barrier. A control message (like
+        the per-iteration row): no emulated latency."""
+        t0 = time.perf_counter()
+        votes = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(votes, op=dist.ReduceOp.SUM)
+        self.stats.collective_s += time.perf_counter() - t0
+        return bool(votes.item() > 0)
+
     def barrier(self) -> None:
         """Wait for every rank (checkpoint phases)."""
         t0 = time.perf_counter()

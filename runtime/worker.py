@@ -209,6 +209,11 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                "cpu_s": float(rows[r, 5])}
                               for r in range(world_size)],
                     **({"loss_scale": scale, "overflow": overflow} if scaler is not None else {})})
+            if not stopping and rows[0, 6] > 0 and step < cfg.steps:
+                # a stop request during the measurement cuts it short and stops the run here (checkpointed
+                # below), not after one more iteration
+                stopping = not _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step,
+                                        measure_reason, Path(cfg.run_dir), stop)
             ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             final = stopping or step == cfg.steps
             # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync
@@ -226,9 +231,6 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                     metrics.event("checkpoint", step=step, path=str(last_ckpt))
             if stopping:
                 break
-            if rows[0, 6] > 0 and step < cfg.steps:
-                _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step, measure_reason,
-                         Path(cfg.run_dir))
             t_mark = time.perf_counter()  # checkpoint and measuring time are not iteration time
 
         if metrics is None:
@@ -277,13 +279,16 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
 
 
 def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layout: Layout, cluster,
-             metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path) -> None:
+             metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path, stop: StopFlag) -> bool:
     """Measure the plan's links (every rank); rank 0 reports them against the spec and writes the
-    cluster as measured when a link changed (``RUN_DIR/cluster-measured.json``)."""
+    cluster as measured when a link changed (``RUN_DIR/cluster-measured.json``). False when a stop
+    request cut the measurement short (nothing is reported; a drift stays pending)."""
     t0 = time.perf_counter()
-    measured = measure_links(transport, pairs, rank)
+    measured = measure_links(transport, pairs, rank, stop=lambda: stop.requested)
+    if measured is None:
+        return False
     if metrics is None:
-        return
+        return True
     metrics.drift_pending = False  # a drift seen meanwhile is what this measured
     figures = link_figures(measured, {r: role.device for r, role in layout.roles.items()}, cluster,
                            transport.emulation)
@@ -299,6 +304,7 @@ def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layo
     if tracker is not None:
         tracker.log({f"links/{f.a}-{f.b}/{k}": v for f in figures
                      for k, v in (("gbps", f.gbps), ("latency_ms", f.latency_ms))}, step=step)
+    return True
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

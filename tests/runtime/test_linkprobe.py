@@ -170,6 +170,34 @@ def test_a_one_device_plan_measures_nothing_and_its_drift_note_does_not_promise_
     assert not _events(tmp_path / "run", "links") and seen == [False]
 
 
+_STOPPING_RANK = """
+import sys, time, torch, torch.distributed as dist
+from spantrain.runtime.linkprobe import measure_links
+from spantrain.runtime.transport import Transport
+rank = int(sys.argv[1])
+transport = Transport.init(rank=rank, world_size=2, init_method="file://" + sys.argv[2], timeout_s=60, local_rank=0)
+calls = []
+def stop():  # rank 1 is asked to stop while the first pair is measured
+    calls.append(1)
+    return rank == 1 and len(calls) > 1
+t0 = time.perf_counter()
+out = measure_links(transport, [(0, 1)] * 5, rank, stop=stop)
+print(out is None, len(calls), round(time.perf_counter() - t0, 1))
+transport.close()
+"""
+
+
+def test_a_stop_request_cuts_the_measurement_short_on_every_rank_at_the_same_pair(tmp_path):
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", _STOPPING_RANK, str(r), str(tmp_path / "store")], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    # both left before the second of five pairs: rank 0, not asked, too
+    assert [o.split()[:2] for o, _ in outs] == [["True", "2"], ["True", "2"]], outs
+
+
 def test_emulate_network_needs_emulate_and_the_plan_devices(tmp_path):
     p = _inputs(tmp_path)
     other = tmp_path / "other.json"
