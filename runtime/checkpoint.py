@@ -23,6 +23,7 @@ file system every node shares.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import warnings
@@ -95,13 +96,20 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
         raise ExecutionError(f"checkpoint {path} has format {meta.get('format')!r}, this version reads {FORMAT}")
     if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:
         raise ExecutionError(f"checkpoint {path} was written for model {meta.get('model')!r} with a different "
-                             f"architecture than {workload.name!r}")
+                             f"architecture than {workload.name!r}: resume with --model {meta.get('model')}, or "
+                             "pass another --checkpoint-dir to train this model anew")
     state = read_json(path / "train_state.json")
     for key, kind in (("step", int), ("samples_seen", int), ("seed", int), ("rng_state", str)):
         value = state.get(key)
         # counters below zero: the workers would fail on them with a bare numpy or torch error
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid {key!r}; {damaged(path)}")
+    scaler = state.get("loss_scale", {"scale": 1.0, "growth_interval": 1, "clean": 0, "skipped": 0})  # fp16 runs'
+    if not (isinstance(scaler, dict) and all(isinstance(scaler.get(k), (int, float)) and scaler[k] >= 0
+                                             and math.isfinite(scaler[k])
+                                             for k in ("scale", "growth_interval", "clean", "skipped"))
+            and scaler["scale"] > 0 and scaler["growth_interval"] >= 1):
+        raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid 'loss_scale'; {damaged(path)}")
     return state
 
 

@@ -119,6 +119,26 @@ def run_dir_lock(run_dir: str | Path, flag: str = "--run-dir") -> Iterator[None]
         os.close(fd)  # releases the lock
 
 
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds `run_dir`'s `RUN_LOCK` now: ``"pid N"``, ``"a process"``, or None when nobody does."""
+    import fcntl
+
+    try:
+        fd = os.open(Path(run_dir) / RUN_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: no run ever held the directory
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        return f"pid {holder}" if holder.isdigit() else "a process"
+    except OSError:  # a file system without locks
+        return None
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+    return None
+
+
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:

@@ -38,7 +38,7 @@ class LossScaler:
     clean: int = 0
     """Clean iterations since the last overflow or growth."""
     skipped: int = 0
-    """Iterations whose update was skipped on overflow, over the whole run."""
+    """Iterations whose update was skipped on overflow, over the whole run (resumes included)."""
 
     def __post_init__(self) -> None:
         assert self.scale > 0 and self.growth_interval > 0

@@ -331,6 +331,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.loss_scale is not None and precision != "fp16":
         raise ExecutionError(f"--loss-scale applies to fp16 training, and this run trains in {precision}: add "
                              "--precision fp16, or leave --loss-scale out")
+    if args.resume and args.loss_scale is not None and "loss_scale" in state:  # checked by resume_state
+        _note(f"resuming with the checkpoint's loss scale {state['loss_scale']['scale']:g} (not --loss-scale "
+              f"{args.loss_scale:g}): the scale it reached is the one that works")
     zb_orders = zb_source = None
     if not torchrun:
         from spantrain.runtime.zb_order import run_orders

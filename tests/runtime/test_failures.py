@@ -44,18 +44,32 @@ def test_invalid_plan_is_refused_before_any_process_starts(tmp_path):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--steps", "0"], "--steps must be a positive integer"),
-    (["--steps", "2", "--resume", "--checkpoint-dir", "EMPTY"], "no complete checkpoint"),
+    (["--steps", "2", "--resume", "--checkpoint-dir", "EMPTY"],
+     "no complete checkpoint in EMPTY: pass the directory that holds the run's checkpoints, or leave out --resume"),
     (["--steps", "2", "--data", "MISSING"], "file not found"),
     (["--steps", "2", "--data", "/dev/zero"], "--data /dev/zero is not a regular file: pass a text file"),
 ])
 def test_bad_run_arguments_are_one_line(tmp_path, extra, expected):
     extra = [str(tmp_path / "empty") if x == "EMPTY" else str(tmp_path / "missing.txt") if x == "MISSING" else x
              for x in extra]
+    expected = expected.replace("EMPTY", str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
     result = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), *extra,
                                        "--run-dir", str(tmp_path / "run")))
     assert expected in _one_error_line(*result)
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path):
+    from spantrain.runtime.launcher import run_dir_lock
+
+    ckpt = tmp_path / "ckpt"
+    with run_dir_lock(ckpt, "--checkpoint-dir"):  # a run that has written no checkpoint yet
+        result = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
+                                           "--resume", "--checkpoint-dir", str(ckpt), "--run-dir",
+                                           str(tmp_path / "run")))
+    assert (f"--checkpoint-dir {ckpt} is in use by another spantrain run (pid {os.getpid()}): wait for it to "
+            "finish") in _one_error_line(*result)
 
 
 @pytest.mark.parametrize("extra, expected", [

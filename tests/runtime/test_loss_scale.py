@@ -98,11 +98,17 @@ def test_an_fp16_run_trains_as_fp32_does_and_overflows_are_skipped_everywhere(tm
     assert all(torch.equal(params[k], init[k]) for k in init)
     assert all(float(v) == 0 for k, v in params.items() if k.endswith(".step"))  # AdamW never stepped
 
-    # resumed, the run continues from the checkpoint's scale, not the flag's
-    res = run_plan(tmp_path, "huge", plan("1f1b", "allreduce", ASYMMETRIC), steps + 1, "--precision", "fp16",
-                   "--loss-scale", str(2.0**40), "--resume")
+    # resumed, the run continues from the checkpoint's scale, not the flag's, says so, and counts its own skips
+    cluster, model = write_inputs(tmp_path)
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan",
+                                    str(tmp_path / "huge.plan.json"), "--steps", str(steps + 1), "--precision", "fp16",
+                                    "--loss-scale", str(2.0**40), "--checkpoint-dir", str(tmp_path / "huge.ckpt"),
+                                    "--run-dir", str(tmp_path / "huge"), "--resume", "--json")
+    assert code == 0, err
+    assert "resuming with the checkpoint's loss scale 1.37439e+11 (not --loss-scale 1.09951e+12)" in err
     records = [json.loads(x) for x in (tmp_path / "huge" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss_scale"] for r in records if "loss" in r][-1] == 2.0**37
+    assert json.loads(out)["skipped_steps"] == 1  # this launch's one iteration (2^37 still overflows)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
