@@ -242,7 +242,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
                   "backend": transport.backend, "precision": precision,
-                  "loss_scale": scaler.scale if scaler else None, "skipped_steps": scaler.skipped - skipped_before if scaler else 0,
+                  "loss_scale": scaler.scale if scaler else None,
+                  "skipped_steps": scaler.skipped - skipped_before if scaler else 0,
                   "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
                   "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir}
         metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})
