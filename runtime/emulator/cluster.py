@@ -36,6 +36,7 @@ from spantrain.runtime.emulator import cpu, netns, shaping, state, system
 from spantrain.runtime.emulator.latency import ENV_VAR, Emulation
 from spantrain.runtime.emulator.launch import DeviceProcess, DeviceResult, stop_all, wait_all
 from spantrain.runtime.emulator.options import EMULATE_OPTIONS, Options
+from spantrain.runtime.preflight import cpu_cores
 
 __all__ = ["EmulatedCluster", "MODES"]
 
@@ -223,8 +224,9 @@ class EmulatedCluster:
         })
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.cpu_limited:
-            # More threads than the quota's cores only makes them throttle each other.
-            threads = str(max(1, math.ceil(self.shares[rank] - 1e-9)))
+            # More threads than the quota's cores only makes them throttle each other, and more than
+            # the machine's cores (a quota above them, --emulate-cpus 200) oversubscribes it: 6x slower
+            threads = str(max(1, min(math.ceil(self.shares[rank] - 1e-9), cpu_cores())))
             env.setdefault("OMP_NUM_THREADS", threads)
             env.setdefault("MKL_NUM_THREADS", threads)
         return env

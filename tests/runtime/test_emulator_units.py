@@ -211,6 +211,18 @@ def test_run_emulate_names_its_own_flags_in_the_fix(tmp_path, monkeypatch):
         shaping.check_rates(Cluster.from_file(cluster), shaping.RateLimits(scale=1e-9), RUN_OPTIONS)
 
 
+@pytest.mark.skipif(cpu.unavailable_reason() is not None, reason="needs cgroup v1 cpu quotas")
+def test_a_quota_above_the_machines_cores_gives_no_more_threads_than_it_has(cluster, tmp_path, monkeypatch):
+    # --emulate-cpus 200 on 2 cores gave each worker 47 threads, and the run went 6x slower
+    from spantrain.runtime.preflight import cpu_cores
+
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with EmulatedCluster(cluster, mode="local", cpus=200.0) as emu:
+        assert emu.cpu_limited and max(emu.shares) > cpu_cores()
+        assert {emu.device_env(r)["OMP_NUM_THREADS"] for r in range(len(cluster))} == {str(cpu_cores())}
+
+
 def test_interface_names_fit_linux_limit():
     names = RunNames("beef")
     assert len(names.hub_if(9999)) <= 15
