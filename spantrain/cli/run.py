@@ -407,7 +407,7 @@ def _run(args: argparse.Namespace) -> int:
                 # Workers stopped together and checkpointed: report what was trained, then exit as interrupted.
                 partial = run_dir / "result.json"
                 if partial.exists():
-                    _report(json.loads(partial.read_text()), args.json)
+                    _report(json.loads(partial.read_text()), args.json, args.lr)
                     raise
                 # Killed before they got there (Ctrl-C twice): what is left to continue from.
                 from spantrain.runtime.checkpoint import latest_checkpoint
@@ -419,7 +419,7 @@ def _run(args: argparse.Namespace) -> int:
         result["cpu_cores"] = cores
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)
-    _report(result, args.json)
+    _report(result, args.json, args.lr)
     return 0
 
 
@@ -483,7 +483,16 @@ def _note(msg: str) -> None:
         print(f"spantrain run: note: {msg}", file=sys.stderr)
 
 
-def _report(result: dict[str, Any], as_json: bool) -> None:
+def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> None:
+    import math
+
+    losses = result.get("losses") or []
+    finite = [x is not None and math.isfinite(x) for x in losses]
+    if finite and not finite[-1]:  # the run did what it was asked; the user must still hear it went nowhere
+        # where the trailing non-finite stretch starts: an fp16 overflow's inf between finite losses is no divergence
+        bad = len(finite) - finite[::-1].index(True) if any(finite) else 0
+        _note(f"the loss became {losses[bad]} at iteration {result['start_step'] + bad + 1} and stayed so: training "
+              "diverged" + (f"; lower --lr (this run: {lr:g})" if lr is not None else ""))
     if as_json:
         print_json(result)
         return

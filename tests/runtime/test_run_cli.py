@@ -308,3 +308,20 @@ def test_resuming_with_other_adamw_settings_says_so():
     assert other_optim_note(before, {"lr": 1e-3, "weight_decay": 0.0, "eps": 1e-8}) == (
         "resuming with --lr 0.001 (the checkpoint's run: 0.0003), --weight-decay 0 (the checkpoint's run: 0.1); "
         "AdamW settings left out take their defaults, not the checkpoint's")
+
+
+@pytest.mark.parametrize(("losses", "note"), [
+    ([5.0, float("nan"), float("nan")], "the loss became nan at iteration 12 and stayed so: training diverged; "
+                                        "lower --lr (this run: 10)"),
+    ([5.0, float("inf"), 4.0], None),  # an fp16 overflow's loss, skipped; training went on
+    ([5.0, 4.0], None),
+])
+def test_a_diverged_run_says_so(capsys, losses, note):
+    from spantrain.cli.run import _report
+
+    result = {"start_step": 10, "final_step": 10 + len(losses), "target_steps": 20, "stopped_early": False,
+              "loss_first": losses[0], "loss_last": losses[-1], "samples_per_s": 10.0, "step_s": 1.0,
+              "metrics": "m.jsonl", "losses": losses}
+    _report(result, as_json=True, lr=10.0)
+    err = capsys.readouterr().err
+    assert (f"spantrain run: note: {note}\n" == err) if note else err == ""
