@@ -61,8 +61,13 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
     return key, record
 
 
-def _ignore_sigint() -> None:
+def _worker_signals() -> None:
+    """A pool worker leaves Ctrl-C to the parent and dies quietly on the pool's SIGTERM: forked
+    from `train-policy`, it inherited handlers that turn SIGTERM and SIGHUP into an exception,
+    and every worker printed its traceback when the pool closed, in good runs too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _cached(path: Path) -> tuple[bool, dict | None]:
@@ -122,7 +127,7 @@ class HeuristicStarts:
                 # ProcessPoolExecutor, Ctrl-C killed a worker mid-queue and the parent hung waiting
                 # for it; here the parent alone raises KeyboardInterrupt, and the starts already
                 # written stay cached
-                with multiprocessing.Pool(workers, initializer=_ignore_sigint) as pool:
+                with multiprocessing.Pool(workers, initializer=_worker_signals) as pool:
                     for key, record in pool.imap_unordered(_plan_one, jobs, chunksize=4):
                         self._memory[key] = record
                         bar.update()

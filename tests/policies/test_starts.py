@@ -75,6 +75,8 @@ def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_w
     # a runner in the background (nohup, CI) may hand down SIGINT ignored: restore Python's handler
     code = ("import signal, sys\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from spantrain.runtime import stop_signals\n"
+            "stop_signals.install()  # as train-policy does\n"
             "from spantrain.policies.starts import HeuristicStarts\n"
             "keys = [('datacenter', 32, s, 'gpt2-xl', 1.0) for s in range(200)]\n"
             "HeuristicStarts(sys.argv[1]).prepare(keys, workers=2, progress=False)\n")
@@ -95,10 +97,24 @@ def test_interrupt_while_computing_starts_in_parallel_exits_and_keeps_what_was_w
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError("prepare kept running after SIGINT") from None
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "ForkPoolWorker" not in err and "Terminated" not in err, err  # the workers ended quietly
     written = list(cache.iterdir())
     assert 0 < len(written) < 200 and all(p.suffix == ".json" for p in written)  # no half-written file
     keys = [tuple(json.loads(p.read_text())["key"]) for p in written]  # every file whole
     assert HeuristicStarts(cache).prepare(keys, progress=False) == 0
+
+
+def test_workers_end_quietly_when_the_pool_closes_under_train_policys_signal_handlers(tmp_path):
+    # forked from train-policy, they inherited its SIGTERM handler, and the pool's SIGTERM at its
+    # exit made each print a `Terminated` traceback, in runs that went well
+    code = ("import sys\n"
+            "from spantrain.runtime import stop_signals\n"
+            "stop_signals.install()\n"
+            "from spantrain.policies.starts import HeuristicStarts\n"
+            "keys = [('cee', 4, s, 'gpt2-medium', 1.0) for s in range(4)]\n"
+            "print(HeuristicStarts(sys.argv[1]).prepare(keys, workers=2, progress=False))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "4" and proc.stderr == "", proc.stderr
 
 
 def test_no_more_processes_than_starts_to_compute(tmp_path, monkeypatch):
