@@ -88,4 +88,7 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
                       stop=stop)
     sys.stdout.flush()
     sys.stderr.flush()
+    from spantrain.tracking import remove_import_temp_dirs
+
+    remove_import_temp_dirs()  # rank 0's W&B: their exit handler would not run
     os._exit(code)  # skip interpreter teardown: nothing is left to flush, and it can hang on gloo threads

@@ -15,7 +15,7 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["Tracker", "wandb_mode", "WANDB_MODES", "INIT_TIMEOUT_S"]
+__all__ = ["Tracker", "wandb_mode", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -67,6 +67,7 @@ class Tracker:
         uploads them into one run."""
         self.enabled = enabled
         self.run = None
+        self._open_step: int | None = None
         self._set_data_dir = False
         if not enabled:
             return
@@ -105,18 +106,22 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:
             self.run.log(metrics, step=step)
+            # with a step, wandb holds the row open until a later step (or the run's end) commits it
+            self._open_step = step
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.run is not None:
             import wandb
 
             self.run.log({key: wandb.Table(columns=columns, data=rows)})
+            self._open_step = None  # committed with it
 
     def log_image(self, key: str, path: str | Path) -> None:
         if self.run is not None and Path(path).exists():
             import wandb
 
             self.run.log({key: wandb.Image(str(path))})
+            self._open_step = None
 
     def log_artifact(self, path: str | Path, *, name: str, type: str, aliases: list[str],
                      metadata: dict[str, Any] | None = None) -> None:
@@ -130,11 +135,18 @@ class Tracker:
             import wandb
 
             artifact = wandb.Artifact(name, type=type, metadata=metadata)
-            artifact.add_file(str(path), policy="immutable")
+            # absolute: the run's record keeps the path, and `wandb sync` may run from another directory
+            artifact.add_file(str(Path(path).resolve()), policy="immutable")
             self.run.log_artifact(artifact, aliases=aliases)
 
     def summary(self, values: dict[str, Any]) -> None:
+        """Set the run's summary values. A row still open is committed first: at the run's end it
+        would otherwise overwrite keys it shares (a run's median ``samples_per_s`` by the last
+        iteration's)."""
         if self.run is not None:
+            if self._open_step is not None:
+                self.run.log({}, step=self._open_step, commit=True)
+                self._open_step = None
             self.run.summary.update(values)
 
     @property
@@ -167,3 +179,19 @@ class Tracker:
 
     def __exit__(self, *exc: object) -> None:
         self.finish()
+
+
+def remove_import_temp_dirs() -> None:
+    """Remove the temporary directories wandb makes when it is imported (for media and
+    artifacts), in a process about to end by `os._exit`: their removal is an exit handler,
+    which that skips, so every tracked `spantrain run` left two empty directories in $TMPDIR.
+    Nothing when wandb was never imported; wandb cannot log media in this process afterwards."""
+    import tempfile
+
+    for module, attrs in (("wandb.sdk.data_types._private", ("MEDIA_TMP",)),
+                          ("wandb.sdk.artifacts.artifact", ("Artifact", "_TMP_DIR"))):
+        found: Any = sys.modules.get(module)
+        for attr in attrs:
+            found = getattr(found, attr, None)
+        if isinstance(found, tempfile.TemporaryDirectory):
+            found.cleanup()

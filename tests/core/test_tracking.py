@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,13 +72,15 @@ def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, 
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))  # where wandb stages copies by default
     policy = tmp_path / "policy-96.pt"
     policy.write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
     with Tracker(job_type="test", dir=tmp_path / "wandb") as tracker:
-        tracker.log_artifact(policy, name="ppo-policy", type="model", aliases=["step-96", "best"],
+        tracker.log_artifact(Path("policy-96.pt"), name="ppo-policy", type="model", aliases=["step-96", "best"],
                              metadata={"steps": 96})
     assert not list((tmp_path / "data").rglob("*.pt"))
     records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
     if mode == "offline":  # the run's log holds the artifact: name, aliases and the file to upload
         assert all(s in records for s in (b"ppo-policy", b"step-96", b"best", b"policy-96.pt"))
+        assert str(policy.resolve()).encode() in records  # `wandb sync` may run from another directory
     else:
         assert records == b""
 
@@ -102,3 +107,32 @@ def test_tables_and_images_stay_with_the_run_not_in_home(tmp_path, monkeypatch):
     assert not list((tmp_path / "home").rglob("wandb"))
     assert [p for p in (tmp_path / "run" / "data").rglob("*") if p.is_file()], "nothing staged with the run"
     assert "WANDB_DATA_DIR" not in os.environ  # the setting ends with the run
+
+
+def test_the_summary_outlasts_the_last_open_row(tmp_path, monkeypatch):
+    # wandb held the last iteration's row until the run's end, and then it overwrote the run's
+    # median samples_per_s in the summary with that one iteration's
+    from spantrain.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with Tracker(job_type="test", dir=tmp_path / "wandb") as tracker:
+        for step in (1, 2, 3):
+            tracker.log({"samples_per_s": 1000.0 + step}, step=step)
+        tracker.summary({"samples_per_s": 9999.0})
+    records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
+    assert 0 <= records.find(b"1003") < records.find(b"9999"), "the last row came after the summary"
+
+
+def test_wandbs_import_time_directories_go_with_a_process_that_skips_exit_handlers(tmp_path):
+    # a runtime worker ends with os._exit: every tracked run left two empty directories in $TMPDIR
+    (tmp_path / "tmp").mkdir()
+    code = ("import os, wandb\n"
+            "from spantrain.tracking import remove_import_temp_dirs\n"
+            "made = len(os.listdir(os.environ['TMPDIR']))\n"
+            "remove_import_temp_dirs()\n"
+            "print(made)\n"
+            "os._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert proc.returncode == 0 and int(proc.stdout) >= 1, proc.stderr  # wandb made some: the test means something
+    assert list((tmp_path / "tmp").iterdir()) == []
