@@ -180,7 +180,8 @@ class Checkpointer:
             dcp.save({k: v.detach() if hasattr(v, "detach") else v for k, v in tensors.items()},
                      storage_writer=dcp.FileSystemWriter(str(tmp)))
         except (Exception, CheckpointException) as e:
-            raise ExecutionError(f"cannot write checkpoint {tmp}: {_dcp_reason(e)}") from e
+            reason = _full_disk(tensors, self.root) or _dcp_reason(e)
+            raise ExecutionError(f"cannot write checkpoint {tmp}: {reason}") from e
         self.barrier()  # every rank's shard is on disk
         if self.rank == 0:
             _write_json(tmp / "meta.json", meta)
@@ -219,6 +220,20 @@ class Checkpointer:
             dcp.load(tensors, storage_reader=dcp.FileSystemReader(str(path)))
         except (Exception, CheckpointException) as e:  # the latter is a BaseException
             raise ExecutionError(f"cannot load checkpoint {path}: {_dcp_reason(e)}; {damaged(path)}") from e
+
+
+def _full_disk(tensors: dict[str, Any], root: Path) -> str | None:
+    """The reason a checkpoint write failed when the disk is full, which torch reports as
+    "unexpected pos 704 vs 598" or the like; None when there is room for this rank's part."""
+    need = sum(v.numel() * v.element_size() for v in tensors.values() if hasattr(v, "element_size"))
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return (f"no space left on the device ({free / 2**20:.1f} MB free, this rank's part alone is "
+            f"{need / 2**20:.1f} MB): free some space, or pass a --checkpoint-dir on another disk")
 
 
 def _dcp_reason(e: BaseException) -> str:

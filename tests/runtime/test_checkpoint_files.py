@@ -49,6 +49,27 @@ def test_save_load_prune_and_latest(tmp_path, one_process_group):
         Checkpointer.load(root / "step-00000003", {"layers.9.missing": torch.zeros(1)})
 
 
+def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_group, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    import torch.distributed.checkpoint as dcp
+
+    def full(*args, **kwargs):  # what torch raised on a 2 MB tmpfs
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(dcp, "save", full)
+    usage = namedtuple("usage", "total used free")
+    ck = Checkpointer(tmp_path, rank=0, barrier=lambda: None)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**21, 2**21, 0))
+    with pytest.raises(ExecutionError, match=r"no space left on the device \(0\.0 MB free, this rank's part alone is "
+                                             r"0\.0 MB\): free some space, or pass a --checkpoint-dir on another disk"):
+        _save(ck, 3, 1.0)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 0, 2**30))  # room: another failure
+    with pytest.raises(ExecutionError, match="unexpected pos 704 vs 598"):
+        _save(ck, 3, 1.0)
+
+
 def test_a_save_removes_what_crashed_saves_of_other_steps_left(tmp_path, one_process_group):
     # killed while writing step 4 and resumed from step 2: that run may never save step 4 again
     root = tmp_path / "ck"
