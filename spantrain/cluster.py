@@ -430,6 +430,9 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
 
 def _parse_spec(spec: Any, source: str) -> Cluster:
     problems: list[str] = []
+    if spec is None:  # an empty file, or one of comments only
+        raise SpecError(f"{source}: empty: a cluster spec is a mapping with 'devices' and 'network' ("
+                        "spantrain topo generate writes one)")
     if not isinstance(spec, dict):
         raise SpecError(f"{source}: expected a mapping with 'devices' and 'network', got {type(spec).__name__}")
     # top-level problems go unprefixed: the raise below names the source once

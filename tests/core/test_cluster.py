@@ -147,6 +147,10 @@ def test_file_errors_are_one_line(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00x")
     with pytest.raises(SpecError, match=r"bin\.yaml: not a UTF-8 text file"):
         Cluster.from_file(binary)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# to be written\n")  # it said "got NoneType"
+    with pytest.raises(SpecError, match=r"empty\.yaml: empty: a cluster spec is a mapping with 'devices' and "):
+        Cluster.from_file(empty)
 
 
 def test_file_name_is_named_once(tmp_path):
