@@ -242,7 +242,7 @@ def _dcp_reason(e: BaseException) -> str:
     if failures:
         rank = min(failures)
         inner = failures[rank][0]
-        return f"{type(inner).__name__}: {inner} (rank {rank})"
+        return f"{type(inner).__name__}: {inner} (raised on rank {rank})"
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
