@@ -10,7 +10,7 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED", "MAX_WORKERS"]
+__all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED", "MAX_WORKERS", "LIMITS"]
 
 ATTENTION_HEADS = 4
 """Attention heads of every encoder layer (`GraphPolicyNet`'s default), which split `hidden`."""
@@ -19,6 +19,29 @@ MAX_SEED = 2**32 - 1
 MAX_WORKERS = 256
 """Most processes for the heuristic starts: each holds its own Python, NumPy and cost
 model, so thousands would exhaust memory long before they helped."""
+MAX_ROLLOUT = 100_000
+"""Most steps of one PPO rollout (n_steps x n_envs): SB3 keeps every step's padded
+observation (27 KB at 32 devices), so 100,000 already take 2.7 GB."""
+
+LIMITS: dict[str, tuple[int, str]] = {
+    "timesteps": (1_000_000_000, "months of PPO on a 2-core machine"),
+    "n_envs": (256, "one process steps them all; more only lengthen each rollout"),
+    "pool_size": (100_000, "each scenario's heuristic start is computed before training: 800 took 112 s"),
+    "max_steps": (1_000, "the policy stops long before: episodes are meant to be short"),
+    "n_steps": (MAX_ROLLOUT, "PPO keeps every step of a rollout in memory"),
+    "batch_size": (MAX_ROLLOUT, "the largest rollout"),
+    "n_epochs": (1_000, "passes over one rollout; a few suffice"),
+    "hidden": (1024, "wider networks need gigabytes for the weights and Adam's moments"),
+    "layers": (32, "each adds weights and Adam's moments; the default is 3"),
+    "start_kicks": (100, "random moves before each episode, which is 12 moves by default"),
+    "imitation_episodes": (100_000, "each is labelled by the expert trying every move"),
+    "imitation_rounds": (100, "DAgger converges in a few"),
+    "imitation_epochs": (1_000, "passes over the labels after each round"),
+    "eval_every": (1_000_000_000, "the largest TrainConfig.timesteps"),
+    "eval_scenarios": (10_000, "each evaluation plans and adapts every one of them"),
+}
+"""Largest value of each integer field, with why: beyond, a run ran out of memory with a
+traceback or would not end (the CLI's --help shows the numbers)."""
 
 
 def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool]) -> None:
@@ -33,69 +56,71 @@ class TrainConfig:
 
     timesteps: int = 25_000
     """PPO environment steps in total (over all environments), after imitation; PPO runs
-    whole rollouts (n_steps x n_envs), so the last one may pass this."""
+    whole rollouts (n_steps x n_envs), so the last one may pass this (at most 1,000,000,000)."""
     n_envs: int = 8
-    """Environments stepped together (one process; env steps are cheap next to the network)."""
+    """Environments stepped together (one process; env steps are cheap next to the network;
+    at most 256, and n_steps x n_envs at most 100,000)."""
     min_devices: int = 4
     """Smallest training cluster."""
     max_devices: int = 32
-    """Largest training cluster (also the padding size of training observations)."""
+    """Largest training cluster (also the padding size of training observations; at most 4,096)."""
     models: tuple[str, ...] = ("gpt2-medium", "gpt2-xl", "llama2-7b")
     """Workload presets episodes draw from."""
     pool_size: int = 800
-    """Training scenarios (their heuristic starts are computed once and cached)."""
+    """Training scenarios (their heuristic starts are computed once and cached; at most 100,000)."""
     adapt_prob: float = 0.5
     """Share of episodes that adapt a running plan to a network change."""
     max_steps: int = 12
-    """Moves per episode."""
+    """Moves per episode (at most 1,000)."""
     seed: int = 0
     """Seed of the pool, the environments and the network initialization."""
     learning_rate: float = 1e-4
-    """Adam learning rate of PPO (fine-tuning the imitation result: small steps)."""
+    """Adam learning rate of PPO (fine-tuning the imitation result: small steps; above 0, at most 1)."""
     n_steps: int = 64
-    """Steps per environment per PPO rollout."""
+    """Steps per environment per PPO rollout (at most 100,000)."""
     batch_size: int = 128
     """PPO minibatch size (2 or more; no minibatch of one sample may remain of a rollout of
-    n_steps x n_envs steps: a divisor of it is best)."""
+    n_steps x n_envs steps: a divisor of it is best; at most 100,000)."""
     n_epochs: int = 4
-    """PPO epochs per rollout."""
+    """PPO epochs per rollout (at most 1,000)."""
     gamma: float = 0.95
     """Discount (episodes are short; improvements should come early)."""
     ent_coef: float = 0.01
-    """Entropy bonus (keeps exploring moves instead of stopping at once)."""
+    """Entropy bonus (keeps exploring moves instead of stopping at once; from 0 to 1)."""
     hidden: int = 64
-    """Width of the graph encoder (a multiple of 4, its attention heads)."""
+    """Width of the graph encoder (a multiple of 4, its attention heads; at most 1,024)."""
     layers: int = 3
-    """Message-passing layers."""
+    """Message-passing layers (at most 32)."""
     start_kicks: int = 4
-    """Up to this many random moves applied to each episode's starting plan (`EnvConfig.start_kicks`)."""
+    """Up to this many random moves applied to each episode's starting plan, so there is
+    something to repair (at most 100)."""
     imitation_episodes: int = 250
     """Episodes per DAgger round of imitating the one-step lookahead expert before PPO
-    (`spantrain.policies.imitation`; 0: PPO from a random policy)."""
+    (0: PPO from a random policy; at most 100,000)."""
     imitation_rounds: int = 3
-    """DAgger rounds (the first follows the expert, the others the policy)."""
+    """DAgger rounds (the first follows the expert, the others the policy; at most 100)."""
     imitation_epochs: int = 8
-    """Passes over all labels so far after each round."""
+    """Passes over all labels so far after each round (at most 1,000)."""
     init_policy: str | None = None
     """Start from this policy file's weights instead of imitation: a checkpoint, an
     interrupted run's `interrupted-policy.pt`, or the shipped policy (its hidden and
     layers must match this run's)."""
     resume: bool = False
     """Continue the run in out_dir from the state it saved after its last PPO update, or at
-    Ctrl-C, SIGTERM or its end (`spantrain.policies.resume`): weights, Adam's moments, step counters, curve, best
+    Ctrl-C, SIGTERM or its end (out_dir/resume.pt): weights, Adam's moments, step counters, curve, best
     policy, W&B run. Its settings are kept; only timesteps (raise it to train a finished run
     further), eval_every, workers, track, progress and cache_dir may change."""
     eval_every: int = 25_000
-    """Steps between evaluations against the heuristic."""
+    """Steps between evaluations against the heuristic (at most 1,000,000,000)."""
     eval_scenarios: int = 24
-    """Held-out scenarios per evaluation."""
+    """Held-out scenarios per evaluation (at most 10,000)."""
     out_dir: str = "runs/policy"
     """Checkpoints, the final and the best policy file, summary.json, the final evaluation's
     rows (final_eval.csv), the evaluation plot and the W&B run go here (a directory of this
     run's own)."""
     workers: int = 2
-    """Processes computing the heuristic starts of the pool (at most `MAX_WORKERS`; more than
-    this machine's cores gains nothing)."""
+    """Processes computing the heuristic starts of the pool (at most 256; more than this
+    machine's cores gains nothing)."""
     track: bool = True
     """Log to W&B (offline unless logged in)."""
     progress: bool = True
@@ -131,12 +156,18 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        for name, (most, why) in LIMITS.items():
+            if getattr(self, name) > most:
+                raise SpantrainError(f"TrainConfig.{name} must be at most {most} ({why}), got {getattr(self, name)}")
         if self.workers > MAX_WORKERS:
             raise SpantrainError(f"TrainConfig.workers must be at most {MAX_WORKERS} (each is a process with its own "
                                  f"cost model; more than this machine's cores gains nothing), got {self.workers}")
         # PPO normalizes advantages over each minibatch: one sample normalizes to NaN, and the
         # NaN weights then end the run with a torch traceback after imitation
         rollout = self.n_steps * self.n_envs
+        if rollout > MAX_ROLLOUT:
+            raise SpantrainError(f"TrainConfig.n_steps x TrainConfig.n_envs must be at most {MAX_ROLLOUT} (PPO keeps "
+                                 f"every step of a rollout in memory), got {self.n_steps} x {self.n_envs}")
         if rollout < 2:
             raise SpantrainError(f"TrainConfig.n_steps x TrainConfig.n_envs must be at least 2 (PPO's advantages "
                                  f"over a one-step rollout are NaN), got {self.n_steps} x {self.n_envs}")
@@ -159,8 +190,13 @@ class TrainConfig:
         self._check_models()
         _check_number("adapt_prob", self.adapt_prob, "in [0, 1]", lambda v: 0 <= v <= 1)
         _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1)
-        _check_number("learning_rate", self.learning_rate, "> 0", lambda v: v > 0)
-        _check_number("ent_coef", self.ent_coef, ">= 0", lambda v: v >= 0)
+        # Adam steps of more than 1 blow PPO's logits up to NaN within an update or two
+        _check_number("learning_rate", self.learning_rate, "in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("ent_coef", self.ent_coef, "in [0, 1]", lambda v: 0 <= v <= 1)
+        for name in ("out_dir", "cache_dir"):
+            # "" is the current directory to pathlib: a run's files all over it, or the user cache
+            if getattr(self, name) == "":
+                raise SpantrainError(f"TrainConfig.{name} is empty: pass a directory")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
@@ -176,9 +212,11 @@ class TrainConfig:
     def _check_models(self) -> None:
         from spantrain.workload import PRESETS
 
-        if isinstance(self.models, str) or not self.models:
-            raise SpantrainError(f"TrainConfig.models must name at least one preset ({', '.join(PRESETS)}), "
-                                 f"got {self.models!r}")
+        if isinstance(self.models, str):
+            raise SpantrainError(f"TrainConfig.models must be a tuple of preset names ({', '.join(PRESETS)}), "
+                                 f"got the string {self.models!r}")
+        if not self.models:
+            raise SpantrainError(f"TrainConfig.models is empty: name at least one preset ({', '.join(PRESETS)})")
         unknown = [m for m in self.models if m not in PRESETS]
         if unknown:
             raise SpantrainError(f"TrainConfig.models: {', '.join(unknown)}: training draws its workloads from "

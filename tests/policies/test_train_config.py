@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spantrain.errors import SpantrainError
-from spantrain.policies.train_config import TrainConfig
+from spantrain.policies.train_config import LIMITS, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,15 +57,19 @@ def test_an_init_policy_that_is_a_directory_is_named_so(run_cli, tmp_path):
 
 @pytest.mark.parametrize("field,value,needle", [
     ("seed", -1, "seed must be an integer from 0 to 4294967295, got -1"),
-    ("learning_rate", float("nan"), "learning_rate must be a finite number > 0, got nan"),
-    ("learning_rate", float("inf"), "learning_rate must be a finite number > 0, got inf"),
-    ("ent_coef", float("nan"), "ent_coef must be a finite number >= 0, got nan"),
-    ("ent_coef", float("inf"), "ent_coef must be a finite number >= 0, got inf"),
+    ("learning_rate", float("nan"), "learning_rate must be a finite number in (0, 1], got nan"),
+    ("learning_rate", float("inf"), "learning_rate must be a finite number in (0, 1], got inf"),
+    ("ent_coef", float("nan"), "ent_coef must be a finite number in [0, 1], got nan"),
+    ("ent_coef", float("inf"), "ent_coef must be a finite number in [0, 1], got inf"),
     ("gamma", 0.0, "gamma must be a finite number in (0, 1], got 0.0"),
     ("max_devices", 100_000, "max_devices must be at most 4096 (the largest generated cluster), got 100000"),
     ("models", ("gpt2-medium", "tiny-custom.yaml"), "models: tiny-custom.yaml: training draws its workloads from "
                                                     "presets only (tiny-gpt, "),
-    ("models", (), "models must name at least one preset"),
+    ("models", (), "models is empty: name at least one preset (tiny-gpt, "),
+    ("learning_rate", 100.0, "learning_rate must be a finite number in (0, 1], got 100.0"),
+    ("ent_coef", 1e300, "ent_coef must be a finite number in [0, 1], got 1e+300"),
+    ("out_dir", "", "out_dir is empty: pass a directory"),
+    ("cache_dir", "", "cache_dir is empty: pass a directory"),
     ("workers", 100_000, "workers must be at most 256 (each is a process with its own cost model"),
 ])
 def test_bad_value_is_named_with_the_value(field, value, needle):
@@ -75,10 +79,10 @@ def test_bad_value_is_named_with_the_value(field, value, needle):
 
 
 @pytest.mark.parametrize("args,error", [
-    (["--learning-rate", "-1"], "--learning-rate must be a finite number > 0, got -1.0"),
-    (["--learning-rate", "nan"], "--learning-rate must be a finite number > 0, got nan"),
+    (["--learning-rate", "-1"], "--learning-rate must be a finite number in (0, 1], got -1.0"),
+    (["--learning-rate", "nan"], "--learning-rate must be a finite number in (0, 1], got nan"),
     (["--gamma", "0"], "--gamma must be a finite number in (0, 1], got 0.0"),
-    (["--ent-coef", "inf"], "--ent-coef must be a finite number >= 0, got inf"),
+    (["--ent-coef", "inf"], "--ent-coef must be a finite number in [0, 1], got inf"),
     (["--seed", "-1"], "--seed must be an integer from 0 to 4294967295, got -1"),
     (["--n-envs", "0"], "--n-envs must be a positive integer, got 0"),
     (["--batch-size", "1"], "--batch-size 1 leaves a minibatch of one sample from each rollout of --n-steps x "
@@ -90,7 +94,24 @@ def test_bad_value_is_named_with_the_value(field, value, needle):
     (["--max-devices", "100000"], "--max-devices must be at most 4096 (the largest generated cluster), got 100000"),
     (["--min-devices", "40"], "--min-devices must be from 2 to --max-devices (32), got 40"),
     (["--workers", "5000"], "--workers must be at most 256"),
-    (["--models", ","], "--models must name at least one preset"),
+    (["--models", ","], "--models is empty: name at least one preset"),
+    (["--models", ""], "--models is empty: name at least one preset"),
+    # each ran out of memory with a traceback, diverged to NaN, or would never have ended
+    (["--learning-rate", "100"], "--learning-rate must be a finite number in (0, 1], got 100.0"),
+    (["--n-steps", "99999999999"], "--n-steps must be at most 100000 (PPO keeps every step of a rollout in "
+                                   "memory), got 99999999999"),
+    (["--n-steps", "1000", "--n-envs", "200"], "--n-steps x --n-envs must be at most 100000 (PPO keeps every step "
+                                               "of a rollout in memory), got 1000 x 200"),
+    (["--hidden", "100000"], "--hidden must be at most 1024 ("),
+    (["--n-envs", "100000"], "--n-envs must be at most 256 ("),
+    (["--layers", "99999999999"], "--layers must be at most 32 ("),
+    (["--start-kicks", "99999999999"], "--start-kicks must be at most 100 ("),
+    (["--pool-size", "99999999999"], "--pool-size must be at most 100000 ("),
+    (["--eval-scenarios", "99999999999"], "--eval-scenarios must be at most 10000 ("),
+    (["--timesteps", "99999999999"], "--timesteps must be at most 1000000000 ("),
+    (["--eval-every", "99999999999"], "--eval-every must be at most 1000000000 (the largest --timesteps)"),
+    (["--out-dir", ""], "--out-dir is empty: pass a directory"),
+    (["--cache-dir", ""], "--cache-dir is empty: pass a directory"),
     (["--models", "FILE"], "--models: FILE: training draws its workloads from presets only"),
     (["--timesteps", "0", "--imitation-episodes", "0"], "--timesteps and --imitation-episodes are both 0"),
     (["--out-dir", "FILE"], "--out-dir FILE is a file, not a directory"),
@@ -205,12 +226,29 @@ def test_a_wandb_mode_wandb_does_not_know_fails_before_any_work(run_cli, tmp_pat
     assert code == 0, err  # untracked, W&B's settings do not matter
 
 
+@pytest.mark.parametrize("field", sorted(LIMITS))
+def test_every_limit_is_enforced_and_shown_in_the_help(run_cli, field):
+    most, _ = LIMITS[field]
+    with pytest.raises(SpantrainError, match=rf"^TrainConfig\.{field} must be at most {most} \("):
+        TrainConfig(**{field: most + 1})
+    code, out, _ = run_cli("train-policy", "--help")
+    flag = "--" + field.replace("_", "-")
+    text = " ".join(out.split())
+    text = text[text.index("options:"):]  # past the usage lines
+    entry = text[text.index(flag + " "):]
+    assert code == 0 and f"at most {most:,}" in entry[:entry.find(" --", len(flag))], (flag, entry[:300])
+
+
 def test_help_says_what_a_user_needs(run_cli):
-    from spantrain.policies.train_config import ATTENTION_HEADS
+    from spantrain.policies.train_config import ATTENTION_HEADS, MAX_WORKERS
 
     code, out, _ = run_cli("train-policy", "--help")
     text = " ".join(out.split())
     assert code == 0 and f"a multiple of {ATTENTION_HEADS}, its attention heads" in text  # not a constant's name
+    assert f"at most {MAX_WORKERS};" in text and "learning rate of PPO (fine-tuning the imitation result: small " \
+        "steps; above 0, at most 1)" in text
+    # plain words and numbers, no names of the code
+    assert "`MAX_" not in text and "EnvConfig" not in text and "spantrain.policies" not in text
     # what --out-dir holds
     assert "summary.json, the final evaluation's rows (final_eval.csv), the evaluation plot and the W&B run go " \
            "here" in text
