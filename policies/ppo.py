@@ -70,9 +70,11 @@ def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, A
     return path
 
 
-def load_policy(path: str | Path | None = None):
+def load_policy(path: str | Path | None = None, *, option: str = "--policy", resume_fix: str | None = None):
     """(GraphPolicyNet in eval mode, env settings, meta) from a policy file (the shipped one
-    when `path` is None); `PolicyError` in one line if it is missing or unusable."""
+    when `path` is None); `PolicyError` in one line if it is missing or unusable, naming the
+    file as `option` (the flag that named it) and what to pass instead. `resume_fix`: what to
+    say besides when the file is a training run's resume state (``resume.pt``)."""
     shipped = not path
     path = SHIPPED_POLICY if shipped else Path(path)
     # without the shipped policy the heuristic remains; a file the user named is theirs to fix
@@ -81,8 +83,12 @@ def load_policy(path: str | Path | None = None):
         fix = "pass a policy file written by `spantrain train-policy`" if not shipped else \
             f"train one with `spantrain train-policy`{heuristic}"
         raise PolicyError(f"policy file {path} not found: {fix}")
+    who = f"the shipped policy {path}" if shipped else f"{option} {path}"
+    fix = (f"reinstall spantrain{heuristic}" if shipped else
+           "pass a policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a "
+           "checkpoint)")
     if path.is_dir():
-        raise PolicyError(f"{path}: not a spantrain policy file (it is a directory)")
+        raise PolicyError(f"{who} is a directory, not a policy file: {fix}")
     import torch
 
     from spantrain.policies.extractor import GraphPolicyNet
@@ -90,10 +96,16 @@ def load_policy(path: str | Path | None = None):
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # text, a foreign pickle, an empty or truncated file
-        raise PolicyError(f"{path}: not a spantrain policy file ({load_failure(e)})") from None
+        if _damaged(e):
+            raise PolicyError(f"{who} is damaged or truncated: {fix}") from None
+        # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
+        raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
+    if isinstance(blob, dict) and {"optimizer", "num_timesteps", "config"} <= blob.keys():
+        raise PolicyError(f"{who} is a training run's resume state, not a policy file: "
+                          + "; or ".join(filter(None, [resume_fix, _run_policy(path.parent)])))
     if not isinstance(blob, dict) or "format" not in blob:
         what = "a dict without a 'format' key" if isinstance(blob, dict) else f"a {type(blob).__name__}"
-        raise PolicyError(f"{path}: not a spantrain policy file (it holds {what})")
+        raise PolicyError(f"{who} is not a spantrain policy file (it holds {what}): {fix}")
     if blob["format"] != _FORMAT:
         raise PolicyError(f"policy file {path} has format {blob['format']!r}, expected {_FORMAT}")
     try:
@@ -106,13 +118,26 @@ def load_policy(path: str | Path | None = None):
     return net, blob.get("env", {}), blob.get("meta", {})
 
 
+def _run_policy(run_dir: Path) -> str:
+    """Which policy file of a training run to pass instead of its resume state."""
+    for name in ("best-policy.pt", "ppo-policy.pt", "interrupted-policy.pt"):
+        if (run_dir / name).is_file():
+            return f"pass its policy file {run_dir / name}"
+    return "pass the run's best-policy.pt or ppo-policy.pt from the same directory (written when it ends)"
+
+
+def _damaged(e: Exception) -> bool:
+    """Whether torch.load failed on a torch file cut short (a full disk, a copy cut off)."""
+    return isinstance(e, EOFError) or "PytorchStreamReader" in str(e)
+
+
 def load_failure(e: Exception) -> str:
     """A short reason a file did not load: torch's messages run to many lines of advice."""
     import pickle
 
     if isinstance(e, pickle.UnpicklingError):
         return "not a torch file of tensors and plain data"
-    if isinstance(e, EOFError):
+    if _damaged(e):
         return "empty or truncated"
     text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     text = text if len(text) <= 120 else text[:117] + "..."

@@ -86,8 +86,9 @@ def test_plan_infeasible_baseline_is_printed_and_flagged(run_cli, cluster_file):
     (["--model", "BIG", "--planner", "heuristic"], "big.yaml: global_batch must be at most 65536 samples, got "
                                                    "1000000000"),
     (["--policy", "MISSING"], "missing.pt not found"),
-    (["--policy", "CLUSTER"], "tiny.yaml: not a spantrain policy file"),
-    (["--planner", "ppo", "--policy", "CLUSTER"], "tiny.yaml: not a spantrain policy file"),
+    (["--policy", "CLUSTER"], "tiny.yaml is not a spantrain policy file (not a torch file of tensors): pass a "
+                              "policy file written by `spantrain train-policy`"),
+    (["--planner", "ppo", "--policy", "CLUSTER"], "tiny.yaml is not a spantrain policy file"),
     (["--from", "RUNNING", "--policy", "MISSING"], "missing.pt not found"),
 ])
 def test_plan_bad_input_exits_2_with_one_line(run_cli, tmp_path, args, needle):
@@ -191,7 +192,7 @@ def test_compare_empty_planner_list_exits_2(run_cli, cluster_file, planners):
     (["--planners", "heuristic", "--budget-s", "2"], "--budget-s is not an option of planner 'heuristic'"),
     (["--planners", "heuristic,ddp", "--policy", "CLUSTER"], "--policy is not an option of any of the planners "
                                                                "heuristic, ddp"),
-    (["--planners", "heuristic,auto", "--policy", "CLUSTER"], "cluster.yaml: not a spantrain policy file"),
+    (["--planners", "heuristic,auto", "--policy", "CLUSTER"], "cluster.yaml is not a spantrain policy file"),
     (["--planners", "ppo", "--policy", "MISSING"], "missing.pt not found"),
     (["--budget-s", "nan"], "--budget-s must be a finite positive number of seconds, got nan"),
 ])

@@ -185,19 +185,24 @@ def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys, mon
         ppo.AutoPlanner(policy=str(tmp_path / "missing.pt")).prepare()
 
 
+FIX = "pass a policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a checkpoint)"
+
+
 @pytest.mark.parametrize("content, reason", [
-    (b"not a policy", "not a torch file of tensors and plain data"),
-    (b"name: cluster\ndevices: []\n", "not a torch file of tensors and plain data"),  # a spec file
-    (b"", "empty or truncated"),
-    ("TENSOR", "it holds a Tensor"),
-    ("DICT", "it holds a dict without a 'format' key"),
-    ("DIR", "it is a directory"),
+    (b"not a policy", "is not a spantrain policy file (not a torch file of tensors)"),
+    (b"i am text\n", "is not a spantrain policy file (not a torch file of tensors)"),  # was "(KeyError: 105)"
+    (b"name: cluster\ndevices: []\n", "is not a spantrain policy file (not a torch file of tensors)"),  # a spec
+    (b"", "is damaged or truncated"),
+    ("TRUNCATED", "is damaged or truncated"),  # was torch's PytorchStreamReader message
+    ("TENSOR", "is not a spantrain policy file (it holds a Tensor)"),
+    ("DICT", "is not a spantrain policy file (it holds a dict without a 'format' key)"),
+    ("DIR", "is a directory, not a policy file"),
 ])
 def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reason):
     import torch
 
     from spantrain.errors import PolicyError
-    from spantrain.policies.ppo import load_policy
+    from spantrain.policies.ppo import SHIPPED_POLICY, load_policy
 
     bad = tmp_path / "bad.pt"
     if content == "TENSOR":
@@ -206,12 +211,41 @@ def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reas
         torch.save({"state_dict": {}}, bad)
     elif content == "DIR":
         bad.mkdir()
+    elif content == "TRUNCATED":
+        whole = SHIPPED_POLICY.read_bytes()
+        bad.write_bytes(whole[:len(whole) // 2])
     else:
         bad.write_bytes(content)
     with pytest.raises(PolicyError) as e:
         load_policy(bad)
     # torch's own message runs to many lines about weights_only and arbitrary code execution
-    assert str(e.value) == f"{bad}: not a spantrain policy file ({reason})"
+    assert str(e.value) == f"--policy {bad} {reason}: {FIX}"
+    with pytest.raises(PolicyError) as e:
+        load_policy(bad, option="--init-policy")
+    assert str(e.value) == f"--init-policy {bad} {reason}: {FIX}"
+
+
+def test_a_runs_resume_state_is_not_taken_for_a_policy(tmp_path):
+    import dataclasses
+
+    import torch
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import load_policy
+    from spantrain.policies.resume import ResumeState
+    from spantrain.policies.train_config import TrainConfig
+
+    path = ResumeState(config=dataclasses.asdict(TrainConfig()), num_timesteps=48, n_updates=1, policy={},
+                       optimizer={}, torch_rng=torch.get_rng_state()).save(tmp_path)
+    with pytest.raises(PolicyError) as e:  # was "is unusable (KeyError: 'net'); retrain it"
+        load_policy(path, resume_fix="continue that run with --resume --out-dir RUN")
+    assert str(e.value) == (f"--policy {path} is a training run's resume state, not a policy file: continue that "
+                            "run with --resume --out-dir RUN; or pass the run's best-policy.pt or ppo-policy.pt from "
+                            "the same directory (written when it ends)")
+    (tmp_path / "best-policy.pt").write_bytes(b"")
+    with pytest.raises(PolicyError) as e:
+        load_policy(path)
+    assert str(e.value).endswith(f"not a policy file: pass its policy file {tmp_path / 'best-policy.pt'}")
 
 
 def test_a_policy_whose_network_does_not_build_is_unusable(tmp_path):
