@@ -88,8 +88,13 @@ class ResumeState:
         missing or wrong and what to do."""
         import torch
 
+        if not str(out_dir):  # Path("") is the current directory
+            raise SpantrainError("TrainConfig.out_dir is empty: pass a directory")
         out = Path(out_dir)
         path = out / RESUME_FILE
+        if out.exists() and not out.is_dir():
+            raise SpantrainError(f"TrainConfig.out_dir {out} is a file, not a directory: pass the directory of the "
+                                 "run to resume")
         if not path.is_file():
             fix = "start a run there without TrainConfig.resume"
             if not out.is_dir():
@@ -119,7 +124,8 @@ class ResumeState:
         from spantrain.policies.train_config import TrainConfig
 
         run = TrainConfig.from_dict(self.config)
-        changed = [f"TrainConfig.{f.name} {getattr(config, f.name)!r} (the run's: {getattr(run, f.name)!r})"
+        changed = [f"TrainConfig.{f.name} {_shown(getattr(config, f.name))} (the run's: "
+                   f"{_shown(getattr(run, f.name))})"
                    for f in dataclasses.fields(config)
                    if f.name not in RESUMABLE_CHANGES and getattr(config, f.name) != getattr(run, f.name)]
         if changed:
@@ -128,3 +134,8 @@ class ResumeState:
         if self.finished and config.timesteps <= self.num_timesteps:
             raise SpantrainError(f"TrainConfig.resume: the run finished at PPO step {self.num_timesteps:,}: pass "
                                  f"TrainConfig.timesteps above that to train it further")
+
+
+def _shown(value: Any) -> str:
+    """A setting as its flag is typed: a tuple as A,B,..., not Python's repr."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)

@@ -125,23 +125,64 @@ def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int 
             "adaptation_geomean": geomean(r[a]), "cases": len(ratios), "rows": rows}
 
 
-def _check_out_dir(out: Path) -> None:
-    """Make the output directory and check this run can write it, now: else the heuristic
-    starts, and without tracking imitation too, ran before the first file written there failed.
-    One that holds another run's policy files is refused: this run would overwrite them
-    (best-policy.pt among them) and mix its checkpoints with that run's."""
+def _check_out_dir(out: Path, held) -> None:
+    """Make the output directory, lock it for this run (in `held`) and check this run can
+    write it, now: else the heuristic starts, and without tracking imitation too, ran before
+    the first file written there failed. One that holds another run's policy files is refused:
+    this run would overwrite them (best-policy.pt among them) and mix its checkpoints with that
+    run's; one that another run holds too (its files may not be written yet)."""
     from spantrain._spec import require_writable_dir
+    from spantrain.runtime.launcher import run_dir_lock
 
-    previous = [p for p in (out / "best-policy.pt", out / "ppo-policy.pt", out / "interrupted-policy.pt")
-                if p.exists()] + sorted((out / "checkpoints").glob("policy-*.pt"))
-    if previous:
-        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): continue "
-                             "it with TrainConfig.resume, pass another directory, or remove that one to start anew")
+    _check_previous_run(out)
+    held.enter_context(run_dir_lock(out, "TrainConfig.out_dir"))
+    _check_previous_run(out)  # again: a run that ended between the first look and the lock
     require_writable_dir(out, "TrainConfig.out_dir", SpantrainError)
 
 
+def _check_previous_run(out: Path) -> None:
+    from spantrain.policies.resume import RESUME_FILE
+
+    previous = [p for p in (out / "best-policy.pt", out / "ppo-policy.pt", out / "interrupted-policy.pt")
+                if p.exists()] + sorted((out / "checkpoints").glob("policy-*.pt"))
+    if previous and (out / RESUME_FILE).exists():
+        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}): continue "
+                             "it with TrainConfig.resume, pass another directory, or remove that one to start anew")
+    if previous:  # stopped before PPO began: --resume would find nothing, so do not offer it
+        raise SpantrainError(f"TrainConfig.out_dir {out} already holds a training run ({previous[0]}) stopped before "
+                             f"PPO began, with nothing to resume: pass another directory (with TrainConfig.init_policy "
+                             f"{previous[0]} to start from its weights), or remove that one to start anew")
+
+
+def _check_can_create(path: str | None, field: str) -> None:
+    """A directory the run will make: refused now, creating nothing, when the nearest existing
+    directory above it cannot be written (else the run made its other directories first)."""
+    import os
+
+    from spantrain._spec import cannot_write_in
+
+    if not path:
+        return
+    nearest = Path(os.path.abspath(path))
+    while not nearest.exists():
+        nearest = nearest.parent
+    reason = "Not a directory" if not nearest.is_dir() else cannot_write_in(nearest)
+    if reason:
+        raise SpantrainError(f"TrainConfig.{field} {path} cannot be written ({reason}): pass a directory this run "
+                             "can write")
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
-    """Run a training job; returns a summary (paths, timings, final evaluation)."""
+    """Run a training job; returns a summary (paths, timings, final evaluation). The run owns
+    `config.out_dir` while it runs: a second run started there fails at once, naming this one."""
+    import contextlib
+
+    with contextlib.ExitStack() as held:
+        return _train(config, held)
+
+
+def _train(config: TrainConfig, held) -> dict[str, Any]:
+    """`train`, holding the out_dir's lock in `held` (an ExitStack) once taken."""
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -158,8 +199,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
     out = Path(config.out_dir)
     resumed = None
     if config.resume:  # first: a run that cannot resume should fail in seconds
+        from spantrain.runtime.launcher import run_dir_lock
+
         resumed = ResumeState.from_dir(out)
         resumed.check_config(config)
+        held.enter_context(run_dir_lock(out, "TrainConfig.out_dir"))
     prior_s = resumed.wall_s if resumed else 0.0
 
     def elapsed() -> float:
@@ -171,19 +215,24 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if not Path(config.init_policy).exists():  # a directory: load_policy says so
             raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} not found (pass a policy file: "
                                  "a checkpoint, or interrupted-policy.pt or best-policy.pt of a training run)")
-        init, _, _ = load_policy(config.init_policy)
-        want = {"hidden": config.hidden, "layers": config.layers}
-        have = {k: init.config.get(k) for k in want}
-        if have != want:
-            raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} has {have}, this run {want}; "
-                                 "pass the file's --hidden and --layers")
+        init, _, _ = load_policy(config.init_policy, option="TrainConfig.init_policy",
+                                 resume_fix="continue that run with TrainConfig.resume TrainConfig.out_dir "
+                                            f"{Path(config.init_policy).parent}")
+        have = (init.config.get("hidden"), init.config.get("layers"))
+        if have != (config.hidden, config.layers):
+            raise SpantrainError(f"TrainConfig.init_policy: {config.init_policy} has hidden {have[0]} and layers "
+                                 f"{have[1]}, this run hidden {config.hidden} and layers {config.layers}; pass "
+                                 f"TrainConfig.hidden {have[0]} TrainConfig.layers {have[1]}")
     if config.track:
         wandb_mode()  # a WANDB_MODE wandb does not know fails now, not after the heuristic starts
     # one intra-op thread: the graphs are small, and a second thread fighting for the same
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)
+    # neither directory is made before both are known to be writable
+    _check_can_create(config.cache_dir, "cache_dir")
     if resumed is None:
-        _check_out_dir(out)
+        _check_can_create(config.out_dir, "out_dir")
+        _check_out_dir(out, held)
     torch.manual_seed(config.seed)
     env_cfg = config.env_config()
     eval_cfg = held_out_config(config)
@@ -204,11 +253,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
         return thunk
 
     venv = DummyVecEnv([make(k) for k in range(config.n_envs)])
-    model = MaskablePPO(MaskableGraphPolicy, venv, learning_rate=config.learning_rate, n_steps=config.n_steps,
-                        batch_size=config.batch_size, n_epochs=config.n_epochs, gamma=config.gamma,
-                        ent_coef=config.ent_coef, seed=config.seed, verbose=0, device="cpu",
-                        policy_kwargs={"features_extractor_kwargs": {"hidden": config.hidden,
-                                                                     "layers": config.layers}})
+    try:
+        model = MaskablePPO(MaskableGraphPolicy, venv, learning_rate=config.learning_rate, n_steps=config.n_steps,
+                            batch_size=config.batch_size, n_epochs=config.n_epochs, gamma=config.gamma,
+                            ent_coef=config.ent_coef, seed=config.seed, verbose=0, device="cpu",
+                            policy_kwargs={"features_extractor_kwargs": {"hidden": config.hidden,
+                                                                         "layers": config.layers}})
+    except (MemoryError, RuntimeError) as e:
+        # within the flags' limits a rollout padded to thousands of devices can still exceed
+        # memory (observations grow with the square of max_devices): NumPy's or torch's refusal
+        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+            raise
+        raise SpantrainError(f"PPO's rollout buffer and network do not fit in memory (TrainConfig.n_steps x "
+                             f"TrainConfig.n_envs = {config.n_steps * config.n_envs} steps padded to "
+                             f"TrainConfig.max_devices {config.max_devices}, TrainConfig.hidden {config.hidden}, "
+                             f"TrainConfig.layers {config.layers}): lower one of them") from None
     net = model.policy.graph_net
     if init is not None:
         net.load_state_dict(init.state_dict())
@@ -240,6 +299,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     updating = {"now": False}
 
     def save_state(*, finished: bool = False) -> None:
+        if _diverged(model.policy):  # keep the last state PPO had not yet broken
+            return
         ResumeState(config=asdict(config), num_timesteps=learned["steps"], n_updates=model._n_updates,
                     policy=model.policy.state_dict(), optimizer=model.policy.optimizer.state_dict(),
                     torch_rng=torch.get_rng_state(), curve=curve, best=best, imitation=imitation,
@@ -369,7 +430,23 @@ def train(config: TrainConfig) -> dict[str, Any]:
                    "final_rows": str(rows_path), "wandb": wandb_run}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         save_state(finished=True)
-    except KeyboardInterrupt:
+        stale = out / "interrupted-policy.pt"
+        if resumed is not None and stale.exists():
+            # the weights where the run was stopped, now older than every policy beside them
+            stale.unlink()
+            print(f"train-policy: removed {stale} (the weights where this run was stopped; its policies are now "
+                  f"{policy_path.name} and {Path(best['policy']).name})", file=sys.stderr)
+    except (ValueError, RuntimeError):
+        # PPO diverged: NaN weights fail the next forward pass (torch's distribution or sampling)
+        if phase == "imitation" or not _diverged(model.policy):
+            raise
+        tracker.summary({"diverged_steps": learned["steps"]})
+        tracker.finish()
+        kept = (f"the best policy so far is {best['policy']} (start from it with TrainConfig.init_policy in another "
+                f"TrainConfig.out_dir)" if best else "no evaluated policy was kept")
+        raise SpantrainError(f"PPO diverged after step {learned['steps']:,} (its weights became NaN) with "
+                             f"TrainConfig.learning_rate {config.learning_rate}: pass a smaller one; {kept}") from None
+    except KeyboardInterrupt as stop:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
         resumable = phase != "imitation"
@@ -383,7 +460,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         how = (f"continue the run with --resume --out-dir {out}" if resumable else
                f"start from them with --init-policy {path} and another --out-dir")
-        raise TrainingInterrupted(f"during {where}; the weights so far are in {path} ({how})", path) from None
+        raise TrainingInterrupted(f"{_by(stop)}during {where}; the weights so far are in {path} ({how})",
+                                  path) from None
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
@@ -397,11 +475,25 @@ def train(config: TrainConfig) -> dict[str, Any]:
             tracker.log_image("eval/curve", plot)
         tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
         tracker.finish()
-    except KeyboardInterrupt:
-        raise TrainingInterrupted(f"after training, while finishing its plot and W&B run; the best policy is in "
-                                  f"{best['policy']}, the summary in {out / 'summary.json'}",
+    except KeyboardInterrupt as stop:
+        raise TrainingInterrupted(f"{_by(stop)}after training, while finishing its plot and W&B run; the best policy "
+                                  f"is in {best['policy']}, the summary in {out / 'summary.json'}",
                                   Path(best["policy"])) from None
     return summary
+
+
+def _by(stop: KeyboardInterrupt) -> str:
+    """"by SIGTERM " for a stop signal other than Ctrl-C (`stop_signals.Terminated` says which)."""
+    from spantrain.runtime.stop_signals import Terminated
+
+    return f"{stop} " if isinstance(stop, Terminated) and str(stop) else ""
+
+
+def _diverged(policy) -> bool:
+    """Whether any weight of the actor-critic is NaN or infinite."""
+    import torch
+
+    return not all(bool(torch.isfinite(p).all()) for p in policy.parameters())
 
 
 def _restore(model, state) -> None:

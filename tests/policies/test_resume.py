@@ -60,6 +60,9 @@ def test_only_how_long_and_how_a_run_trains_may_change(tmp_path):
         state.check_config(TrainConfig.from_dict({**state.config, "learning_rate": 0.5, "gamma": 0.5}))
     assert ("TrainConfig.learning_rate 0.5 (the run's: 0.0001); TrainConfig.gamma 0.5 (the run's: 0.95)"
             in str(e.value))
+    with pytest.raises(SpantrainError) as e:  # as typed, not "('gpt2-xl',) (the run's: ('gpt2-medium', ...))"
+        state.check_config(TrainConfig.from_dict({**state.config, "models": ("gpt2-xl",)}))
+    assert "TrainConfig.models gpt2-xl (the run's: gpt2-medium,gpt2-xl,llama2-7b); drop them" in str(e.value)
     _state(finished=True).check_config(run)  # 48 of 96 steps: the rest is trained
     with pytest.raises(SpantrainError, match=r"finished at PPO step 96: pass TrainConfig\.timesteps above that"):
         _state(finished=True, num_timesteps=96).check_config(run)
@@ -67,10 +70,13 @@ def test_only_how_long_and_how_a_run_trains_may_change(tmp_path):
         TrainConfig(resume=True, init_policy="p.pt")
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "imitation only", "damaged", "foreign"])
+@pytest.mark.parametrize("case", ["missing", "empty", "imitation only", "damaged", "foreign", "a file",
+                                  "empty name"])
 def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
     run = tmp_path / "run"
-    if case != "missing":
+    if case == "a file":
+        run.write_text("not a directory")
+    elif case not in ("missing", "empty name"):
         run.mkdir()
     if case == "imitation only":
         (run / "interrupted-policy.pt").write_bytes(b"weights")
@@ -78,14 +84,18 @@ def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
         (run / RESUME_FILE).write_bytes(b"\x80\x02 half a file")
     if case == "foreign":
         torch.save({"format": 99}, run / RESUME_FILE)
-    code, out, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
+    code, out, err = run_cli("train-policy", "--resume", "--out-dir", "" if case == "empty name" else run,
+                             "--no-track")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     expected = {"missing": f"nothing to resume in {run}: it does not exist; start a run there without --resume",
                 "empty": f"it holds no {RESUME_FILE}, which a run writes from PPO's start on",
                 "imitation only": "start anew without --resume, in another --out-dir or after removing this one",
                 "damaged": f"{run / RESUME_FILE} is damaged (",
                 "foreign": "is not a resume state of this spantrain version; start a new run from one of its "
-                           "policy files instead (--init-policy, in another --out-dir)"}[case]
+                           "policy files instead (--init-policy, in another --out-dir)",
+                # was "nothing to resume in ...: it does not exist"
+                "a file": f"--out-dir {run} is a file, not a directory: pass the directory of the run to resume",
+                "empty name": "error: --out-dir is empty: pass a directory"}[case]
     assert expected in err and "Traceback" not in err, err
 
 
@@ -227,7 +237,8 @@ def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1].startswith("spantrain train-policy: interrupted during PPO step "), err
+    assert err.strip().splitlines()[-1].startswith(f"spantrain train-policy: interrupted by {signum.name} during PPO "
+                                                   "step "), err
     assert "Traceback" not in err and f"--resume --out-dir {run}" in err, err
     state = ResumeState.from_dir(run)
     assert not state.finished and state.num_timesteps % 48 == 0 and state.n_updates == state.num_timesteps // 48
@@ -265,3 +276,65 @@ def test_a_run_stopped_while_evaluating_its_imitation_result_evaluates_it_on_res
     assert code == 0, err
     summary = json.loads((run / "summary.json").read_text())
     assert [p["steps"] for p in summary["curve"]] == [0, 48]  # the imitation result is a candidate for best again
+
+
+def test_sigterm_during_ppo_is_named_and_a_finished_resume_removes_the_stale_interrupted_policy(run_cli, tmp_path,
+                                                                                               monkeypatch):
+    from sb3_contrib import MaskablePPO
+
+    from spantrain.runtime.stop_signals import Terminated
+
+    run = tmp_path / "run"
+    real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
+    calls = {"rollouts": 0}
+
+    def count_rollouts(self, *args, **kwargs):
+        calls["rollouts"] += 1
+        return real_collect(self, *args, **kwargs)
+
+    def sigterm_in_the_second_rollout(self, action):
+        if calls["rollouts"] == 2:
+            raise Terminated("by SIGTERM")  # what `stop_signals` raises on `kill`
+        return real_step(self, action)
+
+    with monkeypatch.context() as m:
+        m.setattr(PlanEnv, "step", sigterm_in_the_second_rollout)
+        m.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+        code, _, err = run_cli("train-policy", "--timesteps", "96", "--eval-every", "96", "--out-dir", run,
+                               "--cache-dir", tmp_path / "cache", "--no-track", *TINY)
+    # was "interrupted during PPO step 48 of 96", not naming the signal
+    assert code == 130 and err.strip().splitlines()[-1].startswith(
+        "spantrain train-policy: interrupted by SIGTERM during PPO step 48 of 96; "), err
+    assert (run / "interrupted-policy.pt").exists()
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
+    assert code == 0, err
+    # the weights of step 48 would sit beside the final ones, looking newest
+    assert not (run / "interrupted-policy.pt").exists()
+    assert (f"train-policy: removed {run / 'interrupted-policy.pt'} (the weights where this run was stopped; its "
+            "policies are now ppo-policy.pt and best-policy.pt)") in err, err
+
+
+def test_ppo_that_diverges_stops_in_one_line_keeping_the_last_finite_state(run_cli, tmp_path, monkeypatch):
+    from sb3_contrib import MaskablePPO
+
+    real_train = MaskablePPO.train
+
+    def update_to_nan(self):
+        real_train(self)
+        with torch.no_grad():
+            for p in self.policy.parameters():
+                p.fill_(float("nan"))
+
+    monkeypatch.setattr(MaskablePPO, "train", update_to_nan)
+    run = tmp_path / "run"
+    code, out, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir",
+                             tmp_path / "cache", "--no-track", *TINY)
+    # was a traceback: "ValueError: Expected parameter logits ... found invalid values: tensor([[nan, ..."
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        "spantrain train-policy: error: PPO diverged after step 48 (its weights became NaN) with --learning-rate "
+        f"0.0001: pass a smaller one; the best policy so far is {run / 'checkpoints' / 'policy-48.pt'} (start from "
+        "it with --init-policy in another --out-dir)"), err
+    # the first update broke the weights: the state before it stands, not NaN weights
+    state = ResumeState.from_dir(run)
+    assert state.num_timesteps == 0 and all(bool(torch.isfinite(v).all()) for v in state.policy.values())

@@ -50,8 +50,8 @@ def test_an_init_policy_that_is_a_directory_is_named_so(run_cli, tmp_path):
     code, out, err = run_cli("train-policy", "--init-policy", tmp_path, "--out-dir", tmp_path / "run", "--cache-dir",
                              tmp_path / "cache", "--no-track", "--no-progress")
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == [f"spantrain train-policy: error: {tmp_path}: not a spantrain policy file (it "
-                                        "is a directory)"], err  # not "not found"
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: --init-policy {tmp_path} is a directory, not "
+                                        f"a policy file: {POLICY_FIX}"], err  # not "not found"
     assert not (tmp_path / "cache").exists()
 
 
@@ -133,14 +133,41 @@ def test_train_policy_errors_name_the_flag(run_cli, tmp_path, monkeypatch, args,
     assert "TrainConfig" not in err and "EnvConfig" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_init_policy_that_is_not_a_policy_is_one_line_without_planner_advice(run_cli, tmp_path):
-    spec = ROOT / "examples" / "cee-demo.yaml"
-    code, out, err = run_cli("train-policy", "--init-policy", spec, "--out-dir", tmp_path / "run", "--cache-dir",
+POLICY_FIX = ("pass a policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a "
+              "checkpoint)")
+
+
+@pytest.mark.parametrize("case", ["spec", "text", "truncated", "resume state"])
+def test_init_policy_that_is_not_a_policy_is_one_line_without_planner_advice(run_cli, tmp_path, case):
+    import dataclasses
+
+    import torch
+
+    from spantrain.policies.ppo import SHIPPED_POLICY
+    from spantrain.policies.resume import ResumeState
+
+    bad = tmp_path / "bad.pt"
+    if case == "spec":
+        bad = ROOT / "examples" / "cee-demo.yaml"
+    elif case == "text":
+        bad.write_text("i am text\n")  # was "not a spantrain policy file (KeyError: 105)"
+    elif case == "truncated":  # was torch's PytorchStreamReader message
+        bad.write_bytes(SHIPPED_POLICY.read_bytes()[:1000])
+    else:  # was "is unusable (KeyError: 'net'); retrain it with `spantrain train-policy`"
+        (tmp_path / "run1").mkdir()
+        bad = ResumeState(config=dataclasses.asdict(TrainConfig()), num_timesteps=48, n_updates=1, policy={},
+                          optimizer={}, torch_rng=torch.get_rng_state()).save(tmp_path / "run1")
+    code, out, err = run_cli("train-policy", "--init-policy", bad, "--out-dir", tmp_path / "run", "--cache-dir",
                              tmp_path / "cache", "--no-track", "--no-progress")
     assert code == 2 and out == ""
-    assert err.strip().splitlines() == [f"spantrain train-policy: error: {spec}: not a spantrain policy file "
-                                        "(not a torch file of tensors and plain data)"]
-    assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+    expected = {"spec": f"is not a spantrain policy file (not a torch file of tensors): {POLICY_FIX}",
+                "text": f"is not a spantrain policy file (not a torch file of tensors): {POLICY_FIX}",
+                "truncated": f"is damaged or truncated: {POLICY_FIX}",
+                "resume state": f"is a training run's resume state, not a policy file: continue that run with "
+                                f"--resume --out-dir {tmp_path / 'run1'}; or pass the run's best-policy.pt or "
+                                "ppo-policy.pt from the same directory (written when it ends)"}[case]
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: --init-policy {bad} {expected}"], err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()  # nothing was started
 
 
 TINY = ["--timesteps", "48", "--n-envs", "2", "--n-steps", "24", "--batch-size", "24", "--n-epochs", "1",
@@ -185,18 +212,64 @@ def test_an_out_dir_that_cannot_be_written_fails_before_any_work(run_cli, tmp_pa
 
 
 @pytest.mark.parametrize("previous", ["best-policy.pt", "interrupted-policy.pt", "checkpoints/policy-0.pt"])
-def test_an_out_dir_holding_another_run_is_refused_before_any_work(run_cli, tmp_path, previous):
+@pytest.mark.parametrize("resumable", [True, False])
+def test_an_out_dir_holding_another_run_is_refused_before_any_work(run_cli, tmp_path, previous, resumable):
     run = tmp_path / "run"
     (run / previous).parent.mkdir(parents=True)
     (run / previous).write_bytes(b"a previous run's policy")
+    if resumable:
+        (run / "resume.pt").write_bytes(b"its state")
     code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", run, "--cache-dir", tmp_path / "cache")
     assert code == 2 and out == ""
+    # --resume only where it would find something: a run stopped before PPO has no resume.pt
+    fix = ("continue it with --resume, pass another directory, or remove that one to start anew" if resumable else
+           f"stopped before PPO began, with nothing to resume: pass another directory (with --init-policy "
+           f"{run / previous} to start from its weights), or remove that one to start anew")
     assert err.strip().splitlines() == [f"spantrain train-policy: error: --out-dir {run} already holds a training run "
-                                        f"({run / previous}): continue it with --resume, pass another directory, "
-                                        "or remove that one to start anew"], err
+                                        f"({run / previous}){':' if resumable else ''} {fix}"], err
     assert (run / previous).read_bytes() == b"a previous run's policy"
-    assert [p for p in run.rglob("*") if p.is_file()] == [run / previous]  # nothing written beside it
+    assert sorted(p for p in run.rglob("*") if p.is_file()) == sorted(
+        [run / previous] + ([run / "resume.pt"] if resumable else []))  # nothing written beside it
     assert not (tmp_path / "cache").exists()  # no heuristic starts were computed
+
+
+def test_a_cache_dir_that_cannot_be_made_fails_before_anything_is_created(run_cli, tmp_path, unwritable_dir):
+    cache = unwritable_dir / "nope"
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir", cache)
+    assert code == 2 and out == ""
+    # was "error: /proc/nope: No such file or directory", after the out-dir was made
+    assert err.strip().startswith(f"spantrain train-policy: error: --cache-dir {cache} cannot be written ("), err
+    assert err.strip().endswith("): pass a directory this run can write") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() and not cache.exists()
+
+
+def test_a_second_run_in_the_same_out_dir_is_refused_while_the_first_runs(run_cli, tmp_path):
+    import os
+
+    from spantrain.runtime.launcher import run_dir_lock
+
+    run = tmp_path / "run"
+    with run_dir_lock(run):  # the first run, which has written no policy file yet
+        code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", run, "--cache-dir",
+                                 tmp_path / "cache")
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [f"spantrain train-policy: error: --out-dir {run} is in use by another "
+                                            f"spantrain run (pid {os.getpid()}): wait for it to finish, or pass "
+                                            "another --out-dir"], err
+        code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
+        assert code == 2 and "nothing to resume" in err  # the first run has no resume.pt yet: said first
+    assert not (tmp_path / "cache").exists()
+
+
+def test_init_policy_of_another_shape_names_the_flags_to_pass(run_cli, tmp_path):
+    from spantrain.policies.ppo import SHIPPED_POLICY
+
+    code, out, err = run_cli("train-policy", "--init-policy", SHIPPED_POLICY, "--hidden", "32", "--out-dir",
+                             tmp_path / "run", "--cache-dir", tmp_path / "cache", "--no-track", "--no-progress")
+    assert code == 2 and out == ""
+    # was "has {'hidden': 64, 'layers': 3}, this run {'hidden': 32, ...}; pass the file's --hidden and --layers"
+    assert err.strip().splitlines() == [f"spantrain train-policy: error: --init-policy: {SHIPPED_POLICY} has hidden 64 "
+                                        "and layers 3, this run hidden 32 and layers 3; pass --hidden 64 --layers 3"]
 
 
 def test_ship_into_a_package_that_cannot_be_written_fails_before_any_work(run_cli, tmp_path, monkeypatch,
