@@ -325,3 +325,19 @@ def test_help_says_what_a_user_needs(run_cli):
     # what --out-dir holds
     assert "summary.json, the final evaluation's rows (final_eval.csv), the evaluation plot and the W&B run go " \
            "here" in text
+
+
+def test_a_rollout_that_does_not_fit_in_memory_is_one_line(run_cli, tmp_path, monkeypatch):
+    from sb3_contrib import MaskablePPO
+
+    def out_of_memory(self, *args, **kwargs):
+        # what NumPy's rollout buffer raised for --n-envs 100000 (`_ArrayMemoryError` is one)
+        raise MemoryError("Unable to allocate 171. GiB for an array")
+
+    monkeypatch.setattr(MaskablePPO, "__init__", out_of_memory)
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == ["spantrain train-policy: error: PPO's rollout buffer and network do not fit in "
+                                        "memory (--n-steps x --n-envs = 48 steps padded to --max-devices 6, --hidden "
+                                        "16, --layers 1): lower one of them"], err
