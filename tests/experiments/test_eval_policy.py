@@ -81,8 +81,9 @@ def test_bad_paths_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"eval_policy: error: --out {spec} is a file, not a directory: pass a " \
                                               "directory"
     assert eval_policy.main(["--quick", "--no-track", "--policy", str(spec), "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err.strip() == f"eval_policy: error: {spec}: not a spantrain policy file (not a " \
-                                              "torch file of tensors and plain data)"
+    assert capsys.readouterr().err.strip() == (
+        f"eval_policy: error: --policy {spec} is not a spantrain policy file (not a torch file of tensors): pass a "
+        "policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a checkpoint)")
     assert not (tmp_path / "out").exists()
 
 
