@@ -116,11 +116,12 @@ def test_the_summary_outlasts_the_last_open_row(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     with Tracker(job_type="test", dir=tmp_path / "wandb") as tracker:
-        for step in (1, 2, 3):
-            tracker.log({"samples_per_s": 1000.0 + step}, step=step)
-        tracker.summary({"samples_per_s": 9999.0})
+        for value in (31335.125, 31336.125, 31337.125):  # digits and a point no timestamp in the log has
+            tracker.log({"samples_per_s": value}, step=int(value) - 31334)
+        tracker.summary({"samples_per_s": 27182.875})
     records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
-    assert 0 <= records.find(b"1003") < records.find(b"9999"), "the last row came after the summary"
+    last, summary = records.find(b"31337.125"), records.find(b"27182.875")
+    assert last >= 0 and records.count(b"27182.875") == 1 and last < summary, "the last row came after the summary"
 
 
 def test_wandbs_import_time_directories_go_with_a_process_that_skips_exit_handlers(tmp_path):
