@@ -72,12 +72,18 @@ class _Pump(threading.Thread):
             line = raw.decode(errors="replace")
             self.lines.append(line)
             if self.log is not None:
-                self.log.write(line)
-                self.log.flush()
+                try:
+                    self.log.write(line)
+                    self.log.flush()
+                except OSError:  # a full disk: the device must not block on its pipe for it
+                    self.log = None
             if self.echo is not None:
-                with _print_lock:
-                    self.echo.write(f"{self.prefix}{line if line.endswith(chr(10)) else line + chr(10)}")
-                    self.echo.flush()
+                try:
+                    with _print_lock:
+                        self.echo.write(f"{self.prefix}{line if line.endswith(chr(10)) else line + chr(10)}")
+                        self.echo.flush()
+                except OSError:  # `| head`, /dev/full: stop echoing but keep draining, or the device blocks
+                    self.echo = None
         self.pipe.close()
 
 

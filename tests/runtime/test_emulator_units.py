@@ -403,3 +403,20 @@ def test_non_finite_numbers_are_one_line_errors(run_cli, tmp_path, monkeypatch, 
         f"spantrain emulate: error: {flag} must be a finite number > 0, got {value}"], err
     with pytest.raises(EmulationError, match="finite"):
         EmulatedCluster(Cluster.from_spec(SPEC), cpus=float(value))  # `profile --cluster C --cpus nan`
+
+
+def test_a_closed_output_stops_the_echo_not_the_draining():
+    # `spantrain emulate ... | head -1`: the relay thread died on BrokenPipeError with a traceback,
+    # the device filled its pipe and blocked, and the command hung
+    import io
+
+    from spantrain.runtime.emulator.launch import _Pump
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    log = io.StringIO()
+    pump = _Pump(io.BytesIO(b"".join(b"%d\n" % k for k in range(5000))), "[a-0] ", Closed(), log)
+    pump.run()  # returns: read to the end
+    assert pump.echo is None and list(pump.lines)[-1] == "4999\n" and log.getvalue().count("\n") == 5000
