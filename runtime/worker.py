@@ -142,7 +142,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
 
             tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
-                                      "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim)})
+                                      "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim),
+                                      "cluster": cluster.name, "devices": len(plan.devices),
+                                      "global_batch": plan.batch, "emulated": transport.emulation is not None})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
             metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce)
@@ -245,11 +247,14 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "loss_scale": scaler.scale if scaler else None,
                   "skipped_steps": scaler.skipped - skipped_before if scaler else 0,
                   "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
-                  "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir}
+                  "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir,
+                  "wandb": tracker.url_or_dir or None if tracker is not None else None}
         metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})
         metrics.close()
         if tracker is not None:
-            tracker.summary({k: v for k, v in summary.items() if v is not None})
+            # a run stopped early still ends its W&B run as finished: the summary says it was stopped
+            tracker.summary({**{k: v for k, v in summary.items() if v is not None},
+                             "stopped_early": result["stopped_early"], "final_step": step})
             tracker.finish()
         _write_json(Path(cfg.run_dir) / "result.json", result)
         return result

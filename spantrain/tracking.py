@@ -68,7 +68,7 @@ class Tracker:
         self.enabled = enabled
         self.run = None
         self._open_step: int | None = None
-        self._set_data_dir = False
+        self._set_env: list[str] = []
         if not enabled:
             return
         import wandb
@@ -79,9 +79,11 @@ class Tracker:
         # wandb stages a copy of every table and image it logs under WANDB_DATA_DIR (default
         # ~/.local/share/wandb) until it is uploaded, which offline is never unless synced: keep
         # them with the run's other files (until `finish`: wandb reads the variable when it logs)
-        if "WANDB_DATA_DIR" not in os.environ:
-            os.environ["WANDB_DATA_DIR"] = str((out / "data").resolve())
-            self._set_data_dir = True
+        # and its service's debug logs under WANDB_CACHE_DIR (default ~/.cache/wandb), at every run
+        for key, sub in (("WANDB_DATA_DIR", "data"), ("WANDB_CACHE_DIR", "cache")):
+            if key not in os.environ:
+                os.environ[key] = str((out / sub).resolve())
+                self._set_env.append(key)
 
         def init(mode: str, **settings: Any):
             return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
@@ -170,9 +172,9 @@ class Tracker:
         if self.run is not None:
             self.run.finish()
             self.run = None
-        if self._set_data_dir:
-            os.environ.pop("WANDB_DATA_DIR", None)
-            self._set_data_dir = False
+        for key in self._set_env:
+            os.environ.pop(key, None)
+        self._set_env = []
 
     def __enter__(self) -> Tracker:
         return self

@@ -284,6 +284,10 @@ def _run(args: argparse.Namespace) -> int:
 
     _check_numbers(args)
     _check_paths(args)
+    if args.track:
+        from spantrain.tracking import wandb_mode
+
+        wandb_mode()  # a WANDB_MODE wandb does not know fails now, not in rank 0 once every worker started
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     plan = _make_plan(args, cluster, workload)
@@ -517,5 +521,7 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
         print(f"plan {k + 1}: iterations {seg['start_step']}..{seg['final_step']} on {len(devices)} device(s) "
               f"({', '.join(devices)}), {fmt(seg['step_s'], '.3f')} s/iteration")
     print(f"metrics: {result['metrics']}")
+    if result.get("wandb"):
+        print(f"W&B run: {result['wandb']}")
     if result.get("checkpoint"):
         print(f"checkpoint: {result['checkpoint']}")

@@ -325,3 +325,27 @@ def test_a_diverged_run_says_so(capsys, losses, note):
     _report(result, as_json=True, lr=10.0)
     err = capsys.readouterr().err
     assert (f"spantrain run: note: {note}\n" == err) if note else err == ""
+
+
+def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch):
+    from runtime_helpers import ASYMMETRIC, plan, run_plan
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    res = run_plan(tmp_path, "tracked", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--track")
+    where = Path(res["wandb"])  # what `wandb sync` takes; it was nowhere in the output
+    assert where.is_dir() and where.name.startswith("offline-run-") and tmp_path / "tracked" in where.parents
+    records = b"".join(p.read_bytes() for p in where.rglob("*.wandb"))
+    assert b"rt-test" in records and b"stopped_early" in records  # the cluster in the config; the summary
+
+
+def test_an_unknown_wandb_mode_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
+    from runtime_helpers import ASYMMETRIC, plan, spantrain_here, write_inputs
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    code, _, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan",
+                                  str(tmp_path / "plan.json"), "--steps", "1", "--track", "--run-dir",
+                                  str(tmp_path / "run"))
+    assert code == 2 and "WANDB_MODE=bogus" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
