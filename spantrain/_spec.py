@@ -51,15 +51,51 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
                     "deep; check the brackets)") from None
 
 
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object."""
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    one silently, so `tflops: 10, tflops: 500` made a 500 TFLOP/s device with no word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may override on purpose
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in first:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first at line "
+                                                            f"{first[key] + 1}): give each key once",
+                                                            key_node.start_mark)
+                first[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: the base class names that
+                continue
+        return super().construct_mapping(node, deep)
+
+
 def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
-    """JSON by suffix, YAML otherwise; a syntax error is `error` in one line."""
+    """JSON by suffix, YAML otherwise; a syntax error or a key given twice is `error` in one line."""
     if p.suffix.lower() == ".json":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_object)
         except json.JSONDecodeError as e:
             raise error(f"{p}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except _DuplicateKey as e:
+            raise error(f"{p}: duplicate key {e.args[0]!r} in one object: give each key once") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -147,6 +147,15 @@ def test_file_errors_are_one_line(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00x")
     with pytest.raises(SpecError, match=r"bin\.yaml: not a UTF-8 text file"):
         Cluster.from_file(binary)
+    twice = tmp_path / "twice.yaml"  # PyYAML kept the last silently: a 500 TFLOP/s device
+    twice.write_text("devices:\n  - {id: a, tflops: 10, tflops: 500}\n")
+    with pytest.raises(SpecError, match=r"twice\.yaml: YAML syntax error at line 2 column 25: duplicate key 'tflops' "
+                                        r"\(first at line 2\): give each key once"):
+        Cluster.from_file(twice)
+    twice_json = tmp_path / "twice.json"
+    twice_json.write_text('{"name": "a", "name": "b"}')
+    with pytest.raises(SpecError, match=r"twice\.json: duplicate key 'name' in one object: give each key once"):
+        Cluster.from_file(twice_json)
     empty = tmp_path / "empty.yaml"
     empty.write_text("# to be written\n")  # it said "got NoneType"
     with pytest.raises(SpecError, match=r"empty\.yaml: empty: a cluster spec is a mapping with 'devices' and "):
