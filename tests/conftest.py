@@ -52,3 +52,21 @@ def run_cli(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def wandb_records():
+    """Read the records of the offline W&B runs under a directory once they hold `expected`.
+    wandb's service writes a run's log a moment after `finish()` returns (seen: 0.1 s, 1 run
+    in 20), so a test that reads at once found only the file's header."""
+    import time
+
+    def read(root: Path, *expected: bytes, timeout_s: float = 10.0) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = b"".join(p.read_bytes() for p in sorted(Path(root).rglob("*.wandb")))
+            if all(e in records for e in expected) or time.monotonic() > deadline:
+                return records
+            time.sleep(0.05)
+
+    return read

@@ -65,7 +65,7 @@ def test_a_wandb_login_entry_means_online(tmp_path, monkeypatch, machine, env):
 
 
 @pytest.mark.parametrize("mode", ["offline", "disabled"])
-def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, monkeypatch, mode):
+def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, monkeypatch, mode, wandb_records):
     from spantrain.tracking import Tracker
 
     monkeypatch.setenv("WANDB_MODE", mode)
@@ -77,10 +77,11 @@ def test_a_logged_file_is_versioned_in_the_run_without_a_copy_in_home(tmp_path, 
         tracker.log_artifact(Path("policy-96.pt"), name="ppo-policy", type="model", aliases=["step-96", "best"],
                              metadata={"steps": 96})
     assert not list((tmp_path / "data").rglob("*.pt"))
-    records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
+    expected = (b"ppo-policy", b"step-96", b"best", b"policy-96.pt", str(policy.resolve()).encode())
+    records = wandb_records(tmp_path / "wandb", *expected, timeout_s=10 if mode == "offline" else 0)
     if mode == "offline":  # the run's log holds the artifact: name, aliases and the file to upload
-        assert all(s in records for s in (b"ppo-policy", b"step-96", b"best", b"policy-96.pt"))
-        assert str(policy.resolve()).encode() in records  # `wandb sync` may run from another directory
+        # the path absolute: `wandb sync` may run from another directory
+        assert all(s in records for s in expected), [s for s in expected if s not in records]
     else:
         assert records == b""
 
@@ -109,7 +110,7 @@ def test_tables_and_images_stay_with_the_run_not_in_home(tmp_path, monkeypatch):
     assert "WANDB_DATA_DIR" not in os.environ  # the setting ends with the run
 
 
-def test_the_summary_outlasts_the_last_open_row(tmp_path, monkeypatch):
+def test_the_summary_outlasts_the_last_open_row(tmp_path, monkeypatch, wandb_records):
     # wandb held the last iteration's row until the run's end, and then it overwrote the run's
     # median samples_per_s in the summary with that one iteration's
     from spantrain.tracking import Tracker
@@ -119,7 +120,7 @@ def test_the_summary_outlasts_the_last_open_row(tmp_path, monkeypatch):
         for value in (31335.125, 31336.125, 31337.125):  # digits and a point no timestamp in the log has
             tracker.log({"samples_per_s": value}, step=int(value) - 31334)
         tracker.summary({"samples_per_s": 27182.875})
-    records = b"".join(p.read_bytes() for p in (tmp_path / "wandb").rglob("*.wandb"))
+    records = wandb_records(tmp_path / "wandb", b"31337.125", b"27182.875")
     last, summary = records.find(b"31337.125"), records.find(b"27182.875")
     assert last >= 0 and records.count(b"27182.875") == 1 and last < summary, "the last row came after the summary"
 

@@ -327,14 +327,14 @@ def test_a_diverged_run_says_so(capsys, losses, note):
     assert (f"spantrain run: note: {note}\n" == err) if note else err == ""
 
 
-def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch):
+def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
     from runtime_helpers import ASYMMETRIC, plan, run_plan
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     res = run_plan(tmp_path, "tracked", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--track")
     where = Path(res["wandb"])  # what `wandb sync` takes; it was nowhere in the output
     assert where.is_dir() and where.name.startswith("offline-run-") and tmp_path / "tracked" in where.parents
-    records = b"".join(p.read_bytes() for p in where.rglob("*.wandb"))
+    records = wandb_records(where, b"rt-test", b"stopped_early")
     assert b"rt-test" in records and b"stopped_early" in records  # the cluster in the config; the summary
 
 
