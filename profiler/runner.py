@@ -105,8 +105,8 @@ def profile_rank(workload: Workload, *, budget_s: float, micro_batch: int | None
     try:
         if left() < 0.3 * budget_s:
             say(f"profile: warning: start-up left {max(0.0, left()):.0f} s of the {budget_s:g} s budget, so the "
-                "measurements are cut short and lose accuracy; raise --budget-s, or give the slowest devices "
-                "more CPU (--cpus)")
+                "measurements are cut short and lose accuracy; raise --budget-s, or, profiling an emulated cluster "
+                "(--cluster), give its slowest devices more CPU (--cpus)")
         compute_s = max(_MIN_COMPUTE_S, min(COMPUTE_SHARE * budget_s, left() / 3))
         if distributed:
             compute_s = _agree(dist, torch, compute_s)

@@ -93,8 +93,14 @@ def run(args: argparse.Namespace) -> int:
     if failed is None:
         return 0
     code = failed.returncode if failed.returncode > 0 else 128 - failed.returncode
-    print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) exited with code "
-          f"{failed.returncode}; {_the_others(results, failed)}", file=sys.stderr)
+    if failed.returncode < 0:  # what Popen reports for a signal
+        import signal
+
+        how = f"was killed by {signal.Signals(-failed.returncode).name}"
+    else:
+        how = f"exited with code {failed.returncode}"
+    print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) {how}; "
+          f"{_the_others(results, failed)}", file=sys.stderr)
     return code
 
 
