@@ -16,6 +16,11 @@ __all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_
 _TIER_ORDER = {"cloud": 0, "edge": 1, "end": 2}
 
 
+def _amount(x: float) -> str:
+    """A total as people read it: 2,400 for large ones, 0.0475 for a profiled CPU's (not 0)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def format_gbps(gbps: float) -> str:
     if gbps >= 1:
         return f"{gbps:.3g} Gb/s"
@@ -84,12 +89,12 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
     total_mem = sum(d.memory_gb for d in cluster.devices)
     out = []
     t = Table(title=f"{cluster.name}: {plural(len(cluster), 'device')} in {plural(len(cluster.regions), 'region')}, "
-                    f"{total_tf:,.0f} TFLOP/s, {total_mem:,.0f} GB")
+                    f"{_amount(total_tf)} TFLOP/s, {_amount(total_mem)} GB")
     for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
         t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
     for s in region_summary(cluster):
-        t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], f"{s['tflops']:,.0f}",
-                  f"{s['memory_gb']:,.0f}", format_gbps(s["lan_gbps"]), f"{s['lan_ms']:.3g} ms")
+        t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], _amount(s["tflops"]),
+                  _amount(s["memory_gb"]), format_gbps(s["lan_gbps"]), f"{s['lan_ms']:.3g} ms")
     out.append(t)
 
     if len(cluster) <= max_devices:

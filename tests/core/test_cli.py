@@ -44,6 +44,21 @@ def test_piped_topo_show_keeps_names_and_figures_whole(run_cli, monkeypatch):
     assert "A100-80GB" in out
 
 
+def test_small_figures_show_their_digits_not_zero(run_cli, tmp_path):
+    # a profiled CPU's 0.047 TFLOP/s read "0 TFLOP/s"; tiny-gpt's iteration "0.000 s/iteration"
+    spec = tmp_path / "cpu.yaml"
+    spec.write_text(yaml.safe_dump({"name": "cpus", "devices": [{"id": "a", "count": 2, "region": "r", "tflops": 0.0475,
+                                                                 "memory_gb": 8}],
+                                    "network": {"regions": {"r": {"gbps": 1, "latency_ms": 1}}}}))
+    code, out, _ = run_cli("topo", "show", spec)
+    assert code == 0 and "0.095 TFLOP/s" in out, out
+    cluster, plan = ROOT / "examples" / "cee-demo.yaml", tmp_path / "plan.json"
+    assert run_cli("plan", "--cluster", cluster, "--model", "tiny-gpt", "--planner", "heuristic", "-o", plan)[0] == 0
+    code, out, _ = run_cli("simulate", "--cluster", cluster, "--model", "tiny-gpt", "--plan", plan)
+    period = next(line for line in out.splitlines() if "pipeline 0:" in line)
+    assert code == 0 and "e-05 s/iteration" in period and " 0.00 " not in out, out
+
+
 def test_topo_generate_to_stdout_is_a_spec(run_cli):
     code, out, _ = run_cli("topo", "generate", "--devices", "5", "--profile", "geo")
     assert code == 0 and len(yaml.safe_load(out)["devices"]) >= 2
