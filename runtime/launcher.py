@@ -271,6 +271,8 @@ class _Progress:
             msg = None
             if rec.get("event") == "drift" and self.note is not None:
                 msg = f"spantrain run: note: {drift_message(rec, self.cluster_file, self.measuring, self.total)}"
+            if rec.get("event") == "note" and self.note is not None:
+                msg = f"spantrain run: note: {rec['text']}"
             if rec.get("event") == "links" and self.note is not None:
                 msg = f"spantrain run: note: {links_message(rec, adapting=self.cluster_file is not None)}"
             if msg is not None:
@@ -361,6 +363,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
             if p.pid is not None and p.exitcode is None:
                 p.kill()
                 p.join(5.0)
+        store.unlink(missing_ok=True)  # gloo removes it when every rank closed it, not when one was slow to
         watcher.poll()
         watcher.close()
 

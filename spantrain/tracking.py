@@ -69,6 +69,8 @@ class Tracker:
         self.run = None
         self._open_step: int | None = None
         self._set_env: list[str] = []
+        self.note: str | None = None
+        """Why the run logs offline though online was asked for (also printed to stderr)."""
         if not enabled:
             return
         import wandb
@@ -102,8 +104,9 @@ class Tracker:
         except wandb.errors.Error as e:
             reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
             self.run = init("offline")
-            print(f"spantrain: note: W&B cannot log online ({reason[:200]}); logging offline to "
-                  f"{self.url_or_dir} instead (`wandb sync {self.url_or_dir}` uploads it later)", file=sys.stderr)
+            self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
+                         f"(`wandb sync {self.url_or_dir}` uploads it later)")
+            print(f"spantrain: note: {self.note}", file=sys.stderr)
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:

@@ -349,3 +349,18 @@ def test_an_unknown_wandb_mode_is_refused_before_any_worker_starts(tmp_path, mon
                                   str(tmp_path / "run"))
     assert code == 2 and "WANDB_MODE=bogus" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_an_online_run_without_a_login_says_so_on_the_terminal_and_leaves_no_rendezvous(tmp_path):
+    # the note went only to rank 0's log, and the workers' rendezvous file stayed in the run directory
+    from runtime_helpers import ASYMMETRIC, plan, spantrain, write_inputs
+
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    proc = spantrain("run", "--cluster", str(cluster), "--model", str(model), "--plan", str(tmp_path / "plan.json"),
+                     "--steps", "1", "--track", "--run-dir", str(tmp_path / "run"), "--no-progress",
+                     env={"WANDB_MODE": "online", "HOME": str(tmp_path / "home"), "WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stderr
+    assert "spantrain run: note: W&B cannot log online (" in proc.stderr and "wandb sync " in proc.stderr
+    assert not (tmp_path / "run" / "rendezvous").exists()
