@@ -245,6 +245,11 @@ class EmulatedCluster:
                          f"{self.cores_per_tflops:.4g} cores per TFLOP/s (periods {min(self.period_us) / 1e3:g}-"
                          f"{max(self.period_us) / 1e3:g} ms); every device "
                          f"is slowed by the same factor, spec-seconds = real-seconds x (real TFLOP/s / spec TFLOP/s)")
+            machine = cpu_cores()
+            if sum(self.shares) > machine * (1 + 1e-9):
+                lines.append(f"emulator: note: the quotas add up to more than this machine's {machine} cores: devices "
+                             "computing at the same time compete for them, and their speeds stop following the "
+                             f"spec's ratios; {self.options.cpus} {machine} or less keeps the ratios")
         elif not self.want_cpu_limits:
             lines.append("emulator: no CPU quotas (turned off): devices share the machine's cores freely")
         # else set-up already said why there are no quotas: once is enough

@@ -221,6 +221,8 @@ def test_a_quota_above_the_machines_cores_gives_no_more_threads_than_it_has(clus
     with EmulatedCluster(cluster, mode="local", cpus=200.0) as emu:
         assert emu.cpu_limited and max(emu.shares) > cpu_cores()
         assert {emu.device_env(r)["OMP_NUM_THREADS"] for r in range(len(cluster))} == {str(cpu_cores())}
+        assert any(f"more than this machine's {cpu_cores()} cores" in line and f"--cpus {cpu_cores()} or less" in line
+                   for line in emu.describe())
 
 
 def test_interface_names_fit_linux_limit():
