@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,8 @@ def _amount(x: float) -> str:
 
 
 def format_gbps(gbps: float) -> str:
+    if gbps >= 1000:  # NVLink-class fabrics: "2.4 Tb/s", not "2.4e+03 Gb/s"
+        return f"{gbps / 1000:.3g} Tb/s"
     if gbps >= 1:
         return f"{gbps:.3g} Gb/s"
     return f"{gbps * 1000:.3g} Mb/s"
@@ -160,9 +163,17 @@ def _region_positions(cluster: Cluster) -> tuple[dict[str, tuple[float, float]],
     for level, members in rings.items():
         radius = 0 if (level == 0 and len(members) == 1) else 1 + level
         for k, r in enumerate(members):
-            angle = 2 * math.pi * k / len(members) + level * 0.4
+            # two in a ring: 120 degrees apart, not opposite, where their link would run through the centre
+            angle = 2 * math.pi * k / max(3, len(members)) + level * 0.4
             pos[r] = (radius * math.cos(angle), radius * math.sin(angle))
     return pos, False
+
+
+def _nice_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks inside [lo, hi]; the two ends, rounded, when fewer than two fall inside."""
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    return ticks if len(ticks) >= 2 else [lo, hi]
 
 
 def plot_topology(cluster: Cluster, path: str | Path) -> Path:
@@ -180,18 +191,24 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     span = max(1e-9, max(xs) - min(xs), max(ys) - min(ys))
-    scale = span / 40 if geo else 0.25
+    scale = 0.25
+    height = 8.0
+    if geo:  # discs apart from their nearest neighbour (Paris, Frankfurt), a figure the map's shape
+        nearest = min((math.dist(p, q) for p, q in itertools.combinations(pos.values(), 2)), default=span)
+        scale = max(span / 80, min(span / 40, 0.37 * nearest))
+        height = min(8.0, max(3.5, 9.5 * (max(ys) - min(ys) + 8 * scale) / (max(xs) - min(xs) + 8 * scale) + 2.0))
 
-    fig, ax = plt.subplots(figsize=(12, 8))
+    fig, ax = plt.subplots(figsize=(12, height))
     off = ~np.eye(len(regions), dtype=bool)
     wan_lat = lat[off] if off.any() else np.array([1.0])
     lat_norm = colors.LogNorm(vmin=max(1e-3, wan_lat.min()), vmax=max(wan_lat.max(), wan_lat.min() * 1.01, 1e-2))
-    cmap = cm.plasma
+    # plasma without its pale-yellow end, which vanished on white for the slowest links
+    cmap = colors.LinearSegmentedColormap.from_list("latency", cm.plasma(np.linspace(0.0, 0.85, 256)))
     wan = [(bw[a, b], a, b) for a in range(len(regions)) for b in range(a + 1, len(regions))]
     if wan:
         lo, hi = min(w[0] for w in wan), max(w[0] for w in wan)
         for g, a, b in sorted(wan):
-            width = 0.4 + 5.6 * (math.log10(g / lo) / math.log10(hi / lo) if hi > lo else 0.5)
+            width = 1.0 + 5.0 * (math.log10(g / lo) / math.log10(hi / lo) if hi > lo else 0.5)
             (x0, y0), (x1, y1) = pos[regions[a]], pos[regions[b]]
             ax.plot([x0, x1], [y0, y1], color=cmap(lat_norm(lat[a, b])), lw=width,
                     alpha=0.55 if len(wan) < 60 else 0.25, zorder=1)
@@ -216,19 +233,24 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
             dots["s"].append(12 + 0.5 * d.tflops)
             dots["color"].append(gpu_colors[d.gpu or "?"])
         if len(regions) <= 60:
-            ax.annotate(f"{r}\n{n} dev, {bw[k, k]:.3g} Gb/s", (x, y - ring * 1.45), ha="center", va="top",
+            # above the disc when a close neighbour lies below it (Frankfurt over Paris), else below
+            above = any(q != r and math.dist(pos[q], (x, y)) < 4 * ring and pos[q][1] < y for q in regions)
+            ax.annotate(f"{r}\n{n} dev, {format_gbps(bw[k, k])}", (x, y + ring * 1.45 if above else y - ring * 1.45),
+                        ha="center", va="bottom" if above else "top",
                         fontsize=7, zorder=4)
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
     ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
     for g in gpus:
         ax.scatter([], [], color=gpu_colors[g], edgecolor="k", label=g)
-    ax.legend(title="GPU (marker size ~ TFLOP/s)", loc="upper left", fontsize=7, title_fontsize=8,
-              framealpha=0.85)
-    if len(regions) > 1:
+    # beside the map, not on it: it covered Oregon
+    ax.legend(title="GPU (marker size ~ TFLOP/s)", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+              title_fontsize=8, framealpha=0.85)
+    if len(regions) > 1 and wan_lat.max() > wan_lat.min() * 1.01:  # one latency (one fabric): the title says it
         sm = cm.ScalarMappable(norm=lat_norm, cmap=cmap)
-        bar = fig.colorbar(sm, ax=ax, orientation="horizontal", fraction=0.04, pad=0.06, aspect=40,
+        bar = fig.colorbar(sm, ax=ax, orientation="horizontal", fraction=0.04, pad=0.14 if geo else 0.06, aspect=40,
                            label="latency between regions (ms)")
-        bar.ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        bar.set_ticks(_nice_ticks(lat_norm.vmin, lat_norm.vmax))  # a log axis labelled only its decades: 1 or none
+        bar.ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         bar.ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     note = "line width ~ log bandwidth"
     if cluster.network.default is not None and not cluster.network.links:
@@ -236,6 +258,7 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
     ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})",
                  fontsize=10)
     ax.set_aspect("equal")
+    ax.margins(0.08, 0.2 if geo else 0.08)  # whole discs and labels at the edges (Oregon's disc was cut)
     ax.autoscale_view()
     if geo:
         ax.set_xlabel("longitude")

@@ -80,3 +80,22 @@ def test_datacenter_is_one_fabric_of_mixed_servers():
 def test_bad_generator_arguments(kwargs, message):
     with pytest.raises(SpecError, match=message):
         generate(**kwargs)
+
+
+def test_the_topology_plot_labels_its_latency_scale_and_keeps_links_in_sight():
+    import math
+
+    from spantrain.profiler.topoview import _nice_ticks, _region_positions, format_gbps
+
+    # a log colour bar labelled only at its decades showed "10" alone for 3-69 ms, or nothing
+    assert _nice_ticks(3.2, 69.0) == [5, 10, 20, 50]
+    assert _nice_ticks(0.0182, 0.0184) == [0.0182, 0.0184]  # no 1-2-5 value inside: the ends
+    assert format_gbps(2400) == "2.4 Tb/s" and format_gbps(0.05) == "50 Mb/s"  # not "2.4e+03 Gb/s"
+    # two end regions sat opposite the cloud, and the link between them ran hidden under theirs
+    cluster = generate(12, seed=3, profile="cee")
+    pos, geo = _region_positions(cluster)
+    ends = [r for r in cluster.regions if r.startswith("end")]
+    assert not geo and len(ends) == 2
+    (ax, ay), (bx, by) = (pos[r] for r in ends)
+    angle = math.degrees(abs(math.atan2(ay, ax) - math.atan2(by, bx))) % 360
+    assert min(angle, 360 - angle) == pytest.approx(120)
