@@ -28,7 +28,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
-__all__ = ["INTERRUPTED", "STOP_SIGNALS", "quit_on_ctrl_c", "install", "command_starts", "SignalsHeld"]
+__all__ = ["INTERRUPTED", "STOP_SIGNALS", "quit_on_ctrl_c", "install", "command_starts", "SignalsHeld",
+           "QUIET_INTERRUPT_ENV"]
+
+QUIET_INTERRUPT_ENV = "SPANTRAIN_QUIET_INTERRUPT"
+"""Set for a spantrain process whose parent reports Ctrl-C itself (`profile`'s per-device
+children): the child exits 130 without an "interrupted" line of its own."""
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), what a shell reports for a process SIGINT ended."""
@@ -40,7 +45,8 @@ _message = b"spantrain: interrupted\n"
 def quit_on_ctrl_c(signum: int, frame: FrameType | None) -> None:
     """SIGINT handler while nothing needs cleaning up: one line on stderr, exit code 130."""
     try:
-        os.write(2, _message)
+        if not os.environ.get(QUIET_INTERRUPT_ENV):
+            os.write(2, _message)
     finally:
         os._exit(INTERRUPTED)
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from spantrain._interrupt import INTERRUPTED, command_starts
+from spantrain._interrupt import INTERRUPTED, QUIET_INTERRUPT_ENV, command_starts
 from spantrain.errors import SpantrainError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -61,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()  # imports every command's module
         args = parser.parse_args(argv)
     except KeyboardInterrupt:  # before a command runs: nothing to report but that
-        print("spantrain: interrupted", file=sys.stderr)
+        if not os.environ.get(QUIET_INTERRUPT_ENV):
+            print("spantrain: interrupted", file=sys.stderr)
         return INTERRUPTED
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
@@ -73,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spantrain {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # a command may say what it saved (`TrainingInterrupted`)
-        print(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
+        if not os.environ.get(QUIET_INTERRUPT_ENV):
+            print(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spantrain._interrupt import QUIET_INTERRUPT_ENV
 from spantrain._spec import plural
 from spantrain.cli._common import check_finite, check_output_file, print_json
 from spantrain.errors import ExecutionError, WorkloadError
@@ -149,7 +150,9 @@ def _profile_emulated(args: argparse.Namespace) -> int:
             with EmulatedCluster(args.cluster, cpus=args.cpus, options=PROFILE_OPTIONS) as emu:
                 for line in emu.describe():
                     _log(line)
-                results = emu.run(_child_argv(args, result, output, deadline), timeout_s=wait_s)
+                # one "interrupted" line on Ctrl-C, this one's, not one more per device
+                results = emu.run(_child_argv(args, result, output, deadline), timeout_s=wait_s,
+                                  env={QUIET_INTERRUPT_ENV: "1"})
                 emulation = emu.emulation
         except TimedOut:
             # not exit code 2, the code of a mistyped option: the profile itself hung

@@ -317,3 +317,19 @@ def test_ctrl_c_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
     assert result.returncode == 130 and "interrupted" in result.stderr, result.stderr
     assert [p.name for p in tmp_path.iterdir() if p.name != "c.yaml"] == []
     assert yaml.safe_load((tmp_path / "c.yaml").read_text())["name"] == "cee-4-s0"  # whole: Ctrl-C waited
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_child_whose_parent_reports_ctrl_c_exits_130_without_its_own_line(run_cli, monkeypatch, quiet):
+    # profile's per-device children each printed "[dev] spantrain profile: interrupted" under the parent's line
+    from spantrain._interrupt import QUIET_INTERRUPT_ENV
+    from spantrain.cli import compare
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run", interrupted)
+    if quiet:
+        monkeypatch.setenv(QUIET_INTERRUPT_ENV, "1")
+    code, _, err = run_cli("compare", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--model", "tiny-gpt")
+    assert code == 130 and err == ("" if quiet else "spantrain compare: interrupted\n")
