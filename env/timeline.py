@@ -60,11 +60,14 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
     ax.set_xlim(0, span * 1.01)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or "simulated iteration", fontsize=11)
+    # only what the chart shows: a GPipe plan's legend listed B, W and sync it never drew
+    drawn = {op.kind for p in tr.ops for ops in p for op in ops}
+    drawn |= {t.kind for p in tr.transfers for t in p} | {"optimizer"} | ({"sync"} if n_sync else set())
     handles = [Patch(color=COLORS[k], label=lab) for k, lab in
                (("F", "forward F"), ("B", "input grad B"), ("W", "weight grad W"), ("BW", "fused backward"),
                 ("act", "activation send"), ("grad", "gradient send"), ("optimizer", "optimizer step"),
-                ("sync", "sync collective"))]
-    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=8, frameon=False)
+                ("sync", "sync collective")) if k in drawn]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     if n_sync:
         sx = axes[1][0]
         shown = tr.collectives[:24]

@@ -73,6 +73,26 @@ def test_timeline_png(files, run_cli):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize(("schedule", "absent"), [("gpipe", {"input grad B", "weight grad W"}),
+                                                   ("zb-h1", {"fused backward"})])
+def test_the_timeline_legend_lists_only_what_it_draws(files, run_cli, monkeypatch, schedule, absent):
+    from matplotlib.figure import Figure
+
+    cluster, plan, tmp = files
+    plan.write_text(json.dumps({**PLAN, "schedule": schedule}))
+    labels = []
+    real = Figure.legend
+
+    def spy(self, *args, handles=(), **kwargs):
+        labels.extend(h.get_label() for h in handles)
+        return real(self, *args, handles=handles, **kwargs)
+
+    monkeypatch.setattr(Figure, "legend", spy)
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
+    assert code == 0, err
+    assert "forward F" in labels and "sync collective" in labels and not absent & set(labels), labels
+
+
 def test_bad_timeline_paths_are_refused_before_any_work(files, run_cli):
     cluster, plan, tmp = files
     args = ("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline")
