@@ -96,8 +96,11 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
     for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
         t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
     for s in region_summary(cluster):
+        # a region of one device has no pair inside: its spec figure (a profile's placeholder) is never used
+        alone = s["devices"] == 1
         t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], _amount(s["tflops"]),
-                  _amount(s["memory_gb"]), format_gbps(s["lan_gbps"]), f"{s['lan_ms']:.3g} ms")
+                  _amount(s["memory_gb"]), "- (one device)" if alone else format_gbps(s["lan_gbps"]),
+                  "-" if alone else f"{s['lan_ms']:.3g} ms")
     out.append(t)
 
     if len(cluster) <= max_devices:
@@ -235,7 +238,8 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
         if len(regions) <= 60:
             # above the disc when a close neighbour lies below it (Frankfurt over Paris), else below
             above = any(q != r and math.dist(pos[q], (x, y)) < 4 * ring and pos[q][1] < y for q in regions)
-            ax.annotate(f"{r}\n{n} dev, {format_gbps(bw[k, k])}", (x, y + ring * 1.45 if above else y - ring * 1.45),
+            lan = f", {format_gbps(bw[k, k])}" if n > 1 else ""  # one device: no LAN to speak of
+            ax.annotate(f"{r}\n{n} dev{lan}", (x, y + ring * 1.45 if above else y - ring * 1.45),
                         ha="center", va="bottom" if above else "top",
                         fontsize=7, zorder=4)
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
