@@ -360,6 +360,9 @@ def _parse_workload(spec: Any, source: str) -> Workload:
             arch = Architecture(**raw)
         except WorkloadError as e:
             raise WorkloadError(f"{source}: {e}") from None
+        if s > arch.max_seq_len:  # named by its file, as the other problems are (from_arch names the workload)
+            raise WorkloadError(f"{source}: seq_len {s} exceeds the architecture's max_seq_len {arch.max_seq_len}: "
+                                "lower seq_len or raise max_seq_len")
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
                                   tied_embeddings=tied)
     layers = list(_parse_layers(spec["layers"], source, problems))

@@ -103,6 +103,9 @@ def test_yaml_forms(tmp_path):
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8, flash_attention: 'no'}\n",
      "w.yaml: architecture.flash_attention must be true or false, got 'no'"),
+    # named by the workload's name, unlike every other problem of the file
+    ("global_batch: 2\nseq_len: 16\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
+     "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "w.yaml: seq_len 16 exceeds the architecture's max_seq_len 8: lower"),
     # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 0, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "workload 'w': every layer has 0 FLOPs, so there is no work to plan"),
