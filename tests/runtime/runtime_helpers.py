@@ -152,3 +152,13 @@ def rewrite_after_step(metrics: Path, cluster: Path, step: int, spec: dict[str, 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
+
+
+def run_ranks(script: str, store: Path, world_size: int = 2, timeout: float = 120) -> list[str]:
+    """Run `script` (python -c) once per rank, with the rank and a file-store path as its
+    arguments; every rank's stdout, in rank order (asserts every rank exited 0)."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(store)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(world_size)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [out for out, _ in outs]

@@ -8,7 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from runtime_helpers import CLUSTER, MODEL, plan, rewrite_after_step, spantrain, spantrain_here
+from runtime_helpers import CLUSTER, MODEL, plan, rewrite_after_step, run_ranks, spantrain, spantrain_here
 
 from spantrain.cluster import Cluster
 from spantrain.runtime.emulator import netns
@@ -188,14 +188,9 @@ transport.close()
 
 
 def test_a_stop_request_cuts_the_measurement_short_on_every_rank_at_the_same_pair(tmp_path):
-    import subprocess
-
-    procs = [subprocess.Popen([sys.executable, "-c", _STOPPING_RANK, str(r), str(tmp_path / "store")], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    outs = run_ranks(_STOPPING_RANK, tmp_path / "store")
     # both left before the second of five pairs: rank 0, not asked, too
-    assert [o.split()[:2] for o, _ in outs] == [["True", "2"], ["True", "2"]], outs
+    assert [o.split()[:2] for o in outs] == [["True", "2"], ["True", "2"]], outs
 
 
 def test_emulate_network_needs_emulate_and_the_plan_devices(tmp_path):

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from runtime_helpers import ASYMMETRIC, BATCH, EXACT_EPS, LR, plan, run_plan, spantrain_here, workload, write_inputs
+from runtime_helpers import (
+    ASYMMETRIC,
+    BATCH,
+    EXACT_EPS,
+    LR,
+    plan,
+    run_plan,
+    run_ranks,
+    spantrain_here,
+    workload,
+    write_inputs,
+)
 
 from spantrain.runtime.checkpoint import read_tensors
 from spantrain.runtime.config import INITIAL_LOSS_SCALE, OptimConfig
@@ -64,11 +73,8 @@ dist.destroy_process_group()
 
 
 def test_one_rank_overflowing_skips_the_update_on_every_rank(tmp_path):
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(tmp_path / "store")], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    assert [o.strip() for o, _ in outs] == ["(2.0, True) 1.0 1"] * 2  # ran at 2, skipped, halved: both ranks
+    outs = run_ranks(_RANK, tmp_path / "store")
+    assert [o.strip() for o in outs] == ["(2.0, True) 1.0 1"] * 2  # ran at 2, skipped, halved: both ranks
 
 
 @pytest.mark.slow
