@@ -92,8 +92,8 @@ def drift_message(event: dict[str, Any], cluster_file: str | None = None, measur
                   last_step: int | None = None) -> str:
     """What to tell the user about a ``drift`` event; `cluster_file`: the file an ``--adapt`` run
     follows; `measuring`: the run measures its links in-band on drift (``--measure-links``), after
-    the drifting iteration unless that was `last_step`, the run's last."""
-    measuring = measuring and (last_step is None or event["step"] < last_step)
+    the iteration after the drifting one, which asks for it, unless that one is `last_step`, the run's last."""
+    measuring = measuring and (last_step is None or event["step"] < last_step - 1)
     what = (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
             f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was {event['baseline_step_s']:.3g} s; "
             f"iteration {event['step']})")

@@ -8,6 +8,7 @@ and this module loads nothing before that (see `spantrain/__init__`).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from spantrain import _interrupt
@@ -21,7 +22,8 @@ def run() -> int:
 
         return main()
     except KeyboardInterrupt:  # SIGINT had another handler than Python's (run() called in-process)
-        print("spantrain: interrupted", file=sys.stderr)
+        if not os.environ.get(_interrupt.QUIET_INTERRUPT_ENV):
+            print("spantrain: interrupted", file=sys.stderr)
         return _interrupt.INTERRUPTED
 
 
