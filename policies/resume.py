@@ -102,7 +102,9 @@ class ResumeState:
             else:
                 why = (f"it holds no {RESUME_FILE}, which a run writes from PPO's start on (one stopped during "
                        "its heuristic starts or imitation has none)")
-                if any(out.iterdir()):
+                from spantrain.runtime.launcher import RUN_LOCK
+
+                if any(p.name != RUN_LOCK for p in out.iterdir()):  # a lock file alone: a run that wrote nothing
                     fix = ("start anew without TrainConfig.resume, in another TrainConfig.out_dir or after "
                            "removing this one (the heuristic starts are cached)")
             raise SpantrainError(f"TrainConfig.resume: nothing to resume in {out}: {why}; {fix}")

@@ -134,9 +134,9 @@ def _check_out_dir(out: Path, held) -> None:
     from spantrain._spec import require_writable_dir
     from spantrain.runtime.launcher import run_dir_lock
 
-    _check_previous_run(out)
+    # the lock first: a live run's files would otherwise be named as a previous run's, to resume or remove
     held.enter_context(run_dir_lock(out, "TrainConfig.out_dir"))
-    _check_previous_run(out)  # again: a run that ended between the first look and the lock
+    _check_previous_run(out)
     require_writable_dir(out, "TrainConfig.out_dir", SpantrainError)
 
 

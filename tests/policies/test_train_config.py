@@ -258,6 +258,14 @@ def test_a_second_run_in_the_same_out_dir_is_refused_while_the_first_runs(run_cl
                                             "another --out-dir"], err
         code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
         assert code == 2 and "nothing to resume" in err  # the first run has no resume.pt yet: said first
+        assert "start a run there without --resume" in err  # its lock file alone is no previous run
+        # from PPO's start on the live run has policy files: still "in use", not "resume it or remove it"
+        (run / "checkpoints").mkdir()
+        for name in ("resume.pt", "checkpoints/policy-0.pt"):
+            (run / name).write_bytes(b"live")
+        code, _, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", run, "--cache-dir",
+                               tmp_path / "cache")
+        assert code == 2 and "is in use by another spantrain run" in err, err
     assert not (tmp_path / "cache").exists()
 
 
