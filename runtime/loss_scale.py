@@ -23,9 +23,15 @@ from typing import Any
 
 import torch
 
+from spantrain.errors import ExecutionError
 from spantrain.runtime.config import INITIAL_LOSS_SCALE
 
-__all__ = ["LossScaler"]
+__all__ = ["LossScaler", "MAX_OVERFLOWS_IN_ROW"]
+
+MAX_OVERFLOWS_IN_ROW = 50
+"""Overflows in a row after which the run stops: by then the scale has fallen by 2^50, so the
+overflow is not the scale's (fp16 activations beyond its range, or a diverged run); halving on
+would reach a scale of 0 and a division by it."""
 
 
 @dataclass
@@ -39,6 +45,8 @@ class LossScaler:
     """Clean iterations since the last overflow or growth."""
     skipped: int = 0
     """Iterations whose update was skipped on overflow, over the whole run (resumes included)."""
+    in_row: int = 0
+    """Overflows since the last clean iteration."""
 
     def __post_init__(self) -> None:
         assert self.scale > 0 and self.growth_interval > 0
@@ -75,12 +83,19 @@ class LossScaler:
         return scale, overflow
 
     def update(self, overflow: bool) -> None:
-        """After an iteration: halve on overflow, double after `growth_interval` clean ones."""
+        """After an iteration: halve on overflow, double after `growth_interval` clean ones;
+        `ExecutionError` after `MAX_OVERFLOWS_IN_ROW` overflows in a row (every rank alike)."""
         if overflow:
             self.scale /= 2
             self.clean = 0
             self.skipped += 1
+            self.in_row += 1
+            if self.in_row >= MAX_OVERFLOWS_IN_ROW:
+                raise ExecutionError(f"fp16 overflowed in {self.in_row} iterations in a row (loss scale now "
+                                     f"{self.scale:.3g}): the model's values exceed fp16's range or training "
+                                     "diverged; train in bf16 or fp32 (--precision), or lower --lr")
             return
+        self.in_row = 0
         self.clean += 1
         if self.clean == self.growth_interval:
             self.scale *= 2
@@ -88,9 +103,10 @@ class LossScaler:
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "growth_interval": self.growth_interval, "clean": self.clean,
-                "skipped": self.skipped}
+                "skipped": self.skipped, "in_row": self.in_row}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's scaler (in place: the schedule's loss function holds this one)."""
         self.scale, self.growth_interval = float(state["scale"]), int(state["growth_interval"])
         self.clean, self.skipped = int(state["clean"]), int(state["skipped"])
+        self.in_row = int(state.get("in_row", 0))  # checkpoints before it had no such counter

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     code, _ = guarded(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
     sys.stdout.flush()
     sys.stderr.flush()
+    from spantrain.tracking import remove_import_temp_dirs
+
+    remove_import_temp_dirs()  # rank 0's W&B: their exit handler would not run
     os._exit(code)  # skip interpreter teardown: it can hang on gloo threads
 
 

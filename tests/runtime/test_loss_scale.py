@@ -46,6 +46,22 @@ def test_an_overflow_halves_the_scale_and_clean_iterations_double_it():
     assert again == s
 
 
+def test_overflow_that_never_clears_stops_the_run_before_the_scale_reaches_zero():
+    from spantrain.errors import ExecutionError
+    from spantrain.runtime.loss_scale import MAX_OVERFLOWS_IN_ROW
+
+    s = LossScaler()
+    for _ in range(MAX_OVERFLOWS_IN_ROW - 2):
+        s.update(overflow=True)
+    s.update(overflow=False)  # a clean one: the count starts again
+    for _ in range(MAX_OVERFLOWS_IN_ROW - 1):
+        s.update(overflow=True)
+    with pytest.raises(ExecutionError, match=r"fp16 overflowed in 50 iterations in a row \(loss scale now .*\): "
+                                             r".*train in bf16 or fp32 \(--precision\)"):
+        s.update(overflow=True)  # halving on reached 0.0 after 1,091, then divided by it
+    assert s.scale > 0
+
+
 def test_unscaling_divides_the_gradients_and_finds_inf_and_nan():
     s = LossScaler(scale=4.0)
     params = [_param([4.0, 8.0]), _param(None), _param([2.0])]

@@ -364,3 +364,20 @@ def test_an_online_run_without_a_login_says_so_on_the_terminal_and_leaves_no_ren
     assert proc.returncode == 0, proc.stderr
     assert "spantrain run: note: W&B cannot log online (" in proc.stderr and "wandb sync " in proc.stderr
     assert not (tmp_path / "run" / "rendezvous").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulate", [False, True], ids=["local", "emulated"])
+def test_a_tracked_run_leaves_no_wandb_directories_in_tmpdir(tmp_path, emulate):
+    # its workers end with os._exit, which skips the exit handler that removes wandb's import-time directories
+    from runtime_helpers import ASYMMETRIC, plan, spantrain, write_inputs
+
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    (tmp_path / "tmp").mkdir()
+    proc = spantrain("run", "--cluster", str(cluster), "--model", str(model), "--plan", str(tmp_path / "plan.json"),
+                     "--steps", "1", "--track", "--run-dir", str(tmp_path / "run"), "--no-progress",
+                     *(["--emulate", "--emulate-mode", "local"] if emulate else []),
+                     env={"TMPDIR": str(tmp_path / "tmp"), "WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in (tmp_path / "tmp").rglob("*wandb*")] == []
