@@ -51,6 +51,7 @@ from spantrain.runtime import stop_signals
 from spantrain.runtime.adapter import Adapter, ClusterFile, StopTimedOut
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
+from spantrain.runtime.emulator.launch import describe_exit
 from spantrain.runtime.entry import error_file, local_entry
 from spantrain.runtime.linkprobe import links_message
 from spantrain.runtime.metrics import drift_message
@@ -292,18 +293,6 @@ class _Progress:
             self.bar.close()
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
-
-
 def _stop_all(procs: list, grace: float) -> None:
     """SIGTERM every live worker, then SIGKILL whatever is left after `grace` seconds."""
     procs = [p for p in procs if p.pid is not None]  # Ctrl-C may come while they are being started
@@ -524,7 +513,7 @@ def _blame_emulated(results: list, cfg: RunConfig) -> tuple[int, str]:
         return (0 if r.returncode < 0 else 2 if _secondary(cfg.run_dir, r.rank) else 1, r.seconds, r.rank)
 
     worst = min(candidates, key=key)
-    return worst.rank, _describe_exit(worst.returncode)
+    return worst.rank, describe_exit(worst.returncode)
 
 
 def _secondary(run_dir: str, rank: int) -> bool:
@@ -552,7 +541,7 @@ def _blame(procs: list, failed: list[int], cfg: RunConfig) -> tuple[int, str]:
         return (0 if procs[r].exitcode < 0 else 2 if _secondary(cfg.run_dir, r) else 1, r)
 
     rank = min(failed, key=rank_key)
-    how = _describe_exit(procs[rank].exitcode)
+    how = describe_exit(procs[rank].exitcode)
     _stop_all(procs, _KILL_GRACE_S)
     return rank, how
 

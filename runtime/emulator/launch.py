@@ -26,7 +26,7 @@ from typing import IO
 
 from spantrain.errors import EmulationError
 
-__all__ = ["DeviceResult", "DeviceProcess", "TimedOut", "wait_all", "stop_all", "first_failure"]
+__all__ = ["DeviceResult", "DeviceProcess", "TimedOut", "wait_all", "stop_all", "first_failure", "describe_exit"]
 
 _KEEP_LINES = 5000
 _GRACE_S = 5.0
@@ -202,6 +202,20 @@ def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
             stop_all(procs, signal.SIGKILL, grace_s=0)
         raise
     return [p.result() for p in procs]
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its exit code as `subprocess` and `multiprocessing` give it
+    (negative: the signal that killed it; a real-time signal has no name)."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
 
 
 def first_failure(results: Sequence[DeviceResult]) -> DeviceResult | None:

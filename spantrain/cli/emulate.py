@@ -55,7 +55,7 @@ def _scale(text: str) -> float | str:
 
 def run(args: argparse.Namespace) -> int:
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
-    from spantrain.runtime.emulator.launch import TimedOut
+    from spantrain.runtime.emulator.launch import TimedOut, describe_exit
     from spantrain.runtime.emulator.state import sweep_leftovers
 
     if args.cleanup:
@@ -93,13 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if failed is None:
         return 0
     code = failed.returncode if failed.returncode > 0 else 128 - failed.returncode
-    if failed.returncode < 0:  # what Popen reports for a signal
-        import signal
-
-        how = f"was killed by {signal.Signals(-failed.returncode).name}"
-    else:
-        how = f"exited with code {failed.returncode}"
-    print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) {how}; "
+    print(f"spantrain emulate: device {failed.device_id} (rank {failed.rank}) {describe_exit(failed.returncode)}; "
           f"{_the_others(results, failed)}", file=sys.stderr)
     return code
 

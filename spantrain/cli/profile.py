@@ -135,7 +135,7 @@ def _profile_emulated(args: argparse.Namespace) -> int:
     from spantrain.profiler.accuracy import accuracy_lines
     from spantrain.profiler.runner import process_start
     from spantrain.runtime.emulator import EmulatedCluster, first_failure
-    from spantrain.runtime.emulator.launch import TimedOut
+    from spantrain.runtime.emulator.launch import TimedOut, describe_exit
     from spantrain.runtime.emulator.options import PROFILE_OPTIONS
 
     # The budget covers everything from this command's start: set-up, start-up, teardown.
@@ -161,8 +161,8 @@ def _profile_emulated(args: argparse.Namespace) -> int:
             return TIMED_OUT
         failed = first_failure(results)
         if failed is not None:
-            raise ExecutionError(f"device {failed.device_id} (rank {failed.rank}) failed with exit code "
-                                 f"{failed.returncode}; see its [{failed.device_id}] lines above")
+            raise ExecutionError(f"device {failed.device_id} (rank {failed.rank}) "
+                                 f"{describe_exit(failed.returncode)}; see its [{failed.device_id}] lines above")
         if not result.exists():
             raise ExecutionError("rank 0 finished without writing its result")
         data = json.loads(result.read_text())

@@ -422,3 +422,11 @@ def test_a_closed_output_stops_the_echo_not_the_draining():
     pump = _Pump(io.BytesIO(b"".join(b"%d\n" % k for k in range(5000))), "[a-0] ", Closed(), log)
     pump.run()  # returns: read to the end
     assert pump.echo is None and list(pump.lines)[-1] == "4999\n" and log.getvalue().count("\n") == 5000
+
+
+def test_how_a_device_ended_is_said_in_words_for_any_signal():
+    from spantrain.runtime.emulator.launch import describe_exit
+
+    assert describe_exit(3) == "exited with code 3" and describe_exit(None) == "is still running"
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(-40) == "was killed by signal 40"  # a real-time signal: `emulate` raised ValueError
