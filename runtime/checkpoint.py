@@ -95,9 +95,15 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise ExecutionError(f"checkpoint {path} has format {meta.get('format')!r}, this version reads {FORMAT}")
     if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:
-        raise ExecutionError(f"checkpoint {path} was written for model {meta.get('model')!r} with a different "
-                             f"architecture than {workload.name!r}: resume with --model {meta.get('model')}, or "
-                             "pass another --checkpoint-dir to train this model anew")
+        from spantrain.workload import PRESETS
+
+        # the checkpoint knows the workload's name, which is a --model value only for a preset
+        model = meta.get("model")
+        use = (f"--model {model}" if model in PRESETS and model != workload.name
+               else "the workload file it was trained with")
+        raise ExecutionError(f"checkpoint {path} was written for model {model!r} with a different "
+                             f"architecture than {workload.name!r}: resume with {use}, or pass another "
+                             "--checkpoint-dir to train this model anew")
     state = read_json(path / "train_state.json")
     for key, kind in (("step", int), ("samples_seen", int), ("seed", int), ("rng_state", str)):
         value = state.get(key)

@@ -13,7 +13,7 @@ from spantrain.errors import ExecutionError
 from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta, read_tensors
 from spantrain.runtime.metrics import summarize, warmup_steps
 from spantrain.runtime.preflight import resume_state
-from spantrain.workload import Workload
+from spantrain.workload import Workload, load_workload
 
 
 @pytest.fixture
@@ -99,8 +99,13 @@ def test_meta_refuses_another_model(tmp_path):
     (d / "train_state.json").write_text(json.dumps({"step": 3, "samples_seen": 30, "seed": 1, "rng_state": ""}))
     assert check_meta(d, workload())["step"] == 3
     other = Workload.from_spec({**MODEL, "architecture": {**MODEL["architecture"], "d_model": 48}}, "other")
-    with pytest.raises(ExecutionError, match="different architecture"):
+    # the workload's name is a --model value only for a preset
+    with pytest.raises(ExecutionError, match="different architecture than 'rt-small': resume with the workload file "
+                                             "it was trained with, or pass another --checkpoint-dir"):
         check_meta(d, other)
+    (d / "meta.json").write_text(json.dumps(model_meta(load_workload("gpt2-small"))))
+    with pytest.raises(ExecutionError, match="resume with --model gpt2-small, or"):
+        check_meta(d, workload())
     assert resume_state(str(tmp_path), workload(), 5)["path"] == str(d)
     with pytest.raises(ExecutionError, match="leaves nothing to train"):
         resume_state(str(tmp_path), workload(), 3)
