@@ -106,6 +106,7 @@ def test_meta_refuses_another_model(tmp_path):
     (d / "meta.json").write_text(json.dumps(model_meta(load_workload("gpt2-small"))))
     with pytest.raises(ExecutionError, match="resume with --model gpt2-small, or"):
         check_meta(d, workload())
+    (d / "meta.json").write_text(json.dumps(model_meta(workload())))
     assert resume_state(str(tmp_path), workload(), 5)["path"] == str(d)
     with pytest.raises(ExecutionError, match="leaves nothing to train"):
         resume_state(str(tmp_path), workload(), 3)
