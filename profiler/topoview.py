@@ -9,17 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from spantrain._spec import plural
+from spantrain._spec import plural, readable
 from spantrain.cluster import GBPS, Cluster
 
 __all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps"]
 
 _TIER_ORDER = {"cloud": 0, "edge": 1, "end": 2}
-
-
-def _amount(x: float) -> str:
-    """A total as people read it: 2,400 for large ones, 0.0475 for a profiled CPU's (not 0)."""
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def format_gbps(gbps: float) -> str:
@@ -92,14 +87,14 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
     total_mem = sum(d.memory_gb for d in cluster.devices)
     out = []
     t = Table(title=f"{cluster.name}: {plural(len(cluster), 'device')} in {plural(len(cluster.regions), 'region')}, "
-                    f"{_amount(total_tf)} TFLOP/s, {_amount(total_mem)} GB")
+                    f"{readable(total_tf)} TFLOP/s, {readable(total_mem)} GB")
     for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
         t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
     for s in region_summary(cluster):
         # a region of one device has no pair inside: its spec figure (a profile's placeholder) is never used
         alone = s["devices"] == 1
-        t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], _amount(s["tflops"]),
-                  _amount(s["memory_gb"]), "- (one device)" if alone else format_gbps(s["lan_gbps"]),
+        t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], readable(s["tflops"]),
+                  readable(s["memory_gb"]), "- (one device)" if alone else format_gbps(s["lan_gbps"]),
                   "-" if alone else f"{s['lan_ms']:.3g} ms")
     out.append(t)
 

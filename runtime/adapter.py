@@ -247,11 +247,18 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
         _log_decisions(cfg.metrics_path, adapter.records, written)
     losses = _losses(cfg.metrics_path, first_step, result["final_step"])
     return {**result, "start_step": first_step, "losses": losses, "loss_first": losses[0] if losses else None,
-            "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments}
+            "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments,
+            "skipped_steps": _skipped(cfg.metrics_path, first_step, result["final_step"])}
 
 
 def _checkpoint_step(path: Path | None) -> int:
     return int(json.loads((path / "train_state.json").read_text())["step"]) if path is not None else 0
+
+
+def _skipped(path: str, start: int, end: int) -> int:
+    """fp16 updates skipped on overflow in (start, end], over every plan (a launch counts only its own)."""
+    by_step = {rec["step"]: rec.get("overflow", False) for rec in read_step_records(path)}
+    return sum(1 for s in range(start + 1, end + 1) if by_step.get(s))
 
 
 def _losses(path: str, start: int, end: int) -> list[float]:

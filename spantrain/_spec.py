@@ -22,7 +22,7 @@ import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
            "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
-           "got", "plural", "FIGURE_MIN", "FIGURE_MAX"]
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -257,6 +257,11 @@ def nonempty_str(obj: dict, key: str, where: str, problems: list[str]) -> str | 
         problems.append(f"{where}: {key} must be a non-empty string without spaces, got {value!r}")
         return None
     return value
+
+
+def readable(x: float) -> str:
+    """A figure as people read it: 2,400 and 1,283 whole, 0.0475 and 7.4e-05 to three digits."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

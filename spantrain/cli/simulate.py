@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from spantrain._spec import readable
 from spantrain.cli._common import (
     add_cluster_arg,
     add_json_arg,
@@ -91,15 +92,15 @@ def _print_human(est, plan, workload, pipes, timeline) -> None:
     con = stdout_console()
     for p, pipe in enumerate(pipes):
         t = Table(title=f"pipeline {p}: micro-batch {pipe['micro_batch_size']} x {pipe['num_micro_batches']}, "
-                        f"{est.pipeline_period_s[p]:.3g} s/iteration, bubble {est.bubble_fraction[p]:.1%}",
+                        f"{readable(est.pipeline_period_s[p])} s/iteration, bubble {est.bubble_fraction[p]:.1%}",
                   title_justify="left")
         for col in ("stage", "device", "layers", "F ms", "B ms", "W ms", "in flight", "memory GB"):
             t.add_column(col, justify="left" if col in ("device", "layers") else "right")
         for s, row in enumerate(pipe["stages"]):
             over = row["memory_gb"] > row["capacity_gb"]
             mem = f"{row['memory_gb']:.1f} / {row['capacity_gb']:.1f}"
-            t.add_row(str(s), row["device"], f"[{row['layers'][0]}, {row['layers'][1]})", f"{row['f_ms']:.3g}",
-                      f"{row['b_ms']:.3g}", f"{row['w_ms']:.3g}", str(row["in_flight"]),
+            t.add_row(str(s), row["device"], f"[{row['layers'][0]}, {row['layers'][1]})", readable(row["f_ms"]),
+                      readable(row["b_ms"]), readable(row["w_ms"]), str(row["in_flight"]),
                       f"[bold red]{mem}[/]" if over else mem)
         con.print(t)
     con.print(f"schedule {plan.schedule}, sync {plan.sync.mode}"

@@ -60,6 +60,9 @@ def test_small_figures_show_their_digits_not_zero(run_cli, tmp_path):
     code, out, _ = run_cli("simulate", "--cluster", cluster, "--model", "tiny-gpt", "--plan", plan)
     period = next(line for line in out.splitlines() if "pipeline 0:" in line)
     assert code == 0 and "e-05 s/iteration" in period and " 0.00 " not in out, out
+    from spantrain._spec import readable
+
+    assert [readable(x) for x in (1283.4, 2400.0, 99.5, 7.398e-05)] == ["1,283", "2,400", "99.5", "7.4e-05"]
 
 
 def test_topo_generate_to_stdout_is_a_spec(run_cli):

@@ -103,7 +103,7 @@ def test_yaml_forms(tmp_path):
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8, flash_attention: 'no'}\n",
      "w.yaml: architecture.flash_attention must be true or false, got 'no'"),
-    # named by the workload's name, unlike every other problem of the file
+    # named by the file, as every other problem of the file is (it was named by the workload's name)
     ("global_batch: 2\nseq_len: 16\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "w.yaml: seq_len 16 exceeds the architecture's max_seq_len 8: lower"),
     # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)

@@ -183,3 +183,15 @@ def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_lin
     assert len(moved.plan.devices) == 1 and moved.record["iteration_s_new"] < moved.record["iteration_s_kept"]
     left = replan(running, cluster.subset([d for d in cluster.ids if d != running.devices[0]]), 100)
     assert left.switch and f"device(s) {running.devices[0]} left the cluster" in left.summary
+
+
+def test_an_adapting_fp16_run_counts_the_skipped_updates_of_every_plan(tmp_path):
+    from spantrain.runtime.adapter import _skipped
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [(1, True), (2, False), (3, True), (4, True),  # the first plan; iteration 4 retrained after a switch
+            (4, False), (5, True), (6, False)]  # the second plan
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0, "step_s": 0.1, "overflow": o}) + "\n"
+                            for s, o in rows))
+    assert _skipped(str(path), 0, 6) == 3  # 1, 3 and 5: iteration 4 as last trained
+    assert _skipped(str(path), 2, 6) == 2
