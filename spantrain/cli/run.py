@@ -492,9 +492,12 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
 
     losses = result.get("losses") or []
     finite = [x is not None and math.isfinite(x) for x in losses]
-    if finite and not finite[-1]:  # the run did what it was asked; the user must still hear it went nowhere
-        # where the trailing non-finite stretch starts: an fp16 overflow's inf between finite losses is no divergence
-        bad = len(finite) - finite[::-1].index(True) if any(finite) else 0
+    # where the trailing non-finite stretch starts: an fp16 overflow's inf between finite losses is no divergence
+    bad = len(finite) - finite[::-1].index(True) if any(finite) else 0
+    stretch = len(finite) - bad
+    # the run did what it was asked; the user must still hear it went nowhere (in fp16, one overflowing
+    # forward at the end is skipped and the scale halved: no divergence)
+    if stretch and not (result.get("precision") == "fp16" and stretch < 2):
         _note(f"the loss became {losses[bad]} at iteration {result['start_step'] + bad + 1} and stayed so: training "
               "diverged" + (f"; lower --lr (this run: {lr:g})" if lr is not None else ""))
     if as_json:

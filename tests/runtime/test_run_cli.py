@@ -310,13 +310,15 @@ def test_resuming_with_other_adamw_settings_says_so():
         "AdamW settings left out take their defaults, not the checkpoint's")
 
 
-@pytest.mark.parametrize(("losses", "note"), [
+@pytest.mark.parametrize(("losses", "note", "in_fp16"), [
     ([5.0, float("nan"), float("nan")], "the loss became nan at iteration 12 and stayed so: training diverged; "
-                                        "lower --lr (this run: 10)"),
-    ([5.0, float("inf"), 4.0], None),  # an fp16 overflow's loss, skipped; training went on
-    ([5.0, 4.0], None),
+                                        "lower --lr (this run: 10)", True),
+    ([5.0, float("inf"), 4.0], None, False),  # an fp16 overflow's loss, skipped; training went on
+    ([5.0, 4.0], None, False),
+    # the last one alone: diverged in fp32; in fp16 an overflowing forward, skipped, the scale halved
+    ([5.0, 4.0, float("inf")], "the loss became inf at iteration 13", False),
 ])
-def test_a_diverged_run_says_so(capsys, losses, note):
+def test_a_diverged_run_says_so(capsys, losses, note, in_fp16):
     from spantrain.cli.run import _report
 
     result = {"start_step": 10, "final_step": 10 + len(losses), "target_steps": 20, "stopped_early": False,
@@ -324,7 +326,9 @@ def test_a_diverged_run_says_so(capsys, losses, note):
               "metrics": "m.jsonl", "losses": losses}
     _report(result, as_json=True, lr=10.0)
     err = capsys.readouterr().err
-    assert (f"spantrain run: note: {note}\n" == err) if note else err == ""
+    assert err.startswith(f"spantrain run: note: {note}") if note else err == "", err
+    _report({**result, "precision": "fp16"}, as_json=True, lr=10.0)
+    assert (capsys.readouterr().err != "") == in_fp16
 
 
 def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
