@@ -205,7 +205,7 @@ def test_a_profile_that_outlives_its_wait_exits_124_not_2(run_cli, tmp_path, mon
         def describe(self):
             return []
 
-        def run(self, argv, *, timeout_s):
+        def run(self, argv, *, timeout_s, env=None):
             raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
 
     monkeypatch.setattr(emulator, "EmulatedCluster", Hung)
