@@ -161,19 +161,12 @@ def _check_previous_run(out: Path) -> None:
 def _check_can_create(path: str | None, field: str) -> None:
     """A directory the run will make: refused now, creating nothing, when the nearest existing
     directory above it cannot be written (else the run made its other directories first)."""
-    import os
+    from spantrain._spec import cannot_create
 
-    from spantrain._spec import cannot_write_in
-
-    if not path:
-        return
-    nearest = Path(os.path.abspath(path))
-    while not nearest.exists():
-        nearest = nearest.parent
-    reason = "Not a directory" if not nearest.is_dir() else cannot_write_in(nearest)
-    if reason:
-        raise SpantrainError(f"TrainConfig.{field} {path} cannot be written ({reason}): pass a directory this run "
-                             "can write")
+    problem = cannot_create(path) if path else None
+    if problem is not None:
+        raise SpantrainError(f"TrainConfig.{field} {path} cannot be written ({problem[1]}): pass a directory this "
+                             "run can write")
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

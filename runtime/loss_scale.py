@@ -17,6 +17,7 @@ scale and its counters are identical on every rank and are saved with checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -102,11 +103,11 @@ class LossScaler:
             self.clean = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "growth_interval": self.growth_interval, "clean": self.clean,
-                "skipped": self.skipped, "in_row": self.in_row}
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's scaler (in place: the schedule's loss function holds this one)."""
-        self.scale, self.growth_interval = float(state["scale"]), int(state["growth_interval"])
-        self.clean, self.skipped = int(state["clean"]), int(state["skipped"])
-        self.in_row = int(state.get("in_row", 0))  # checkpoints before it had no such counter
+        """Continue from a checkpoint's scaler (in place: the schedule's loss function holds this one);
+        a field the checkpoint lacks (older ones had no `in_row`) keeps its default."""
+        for f in dataclasses.fields(self):
+            if f.name in state:
+                setattr(self, f.name, float(state[f.name]) if f.name == "scale" else int(state[f.name]))

@@ -159,7 +159,6 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 tracker.log(adaptation_scalars(cfg.adaptation), step=step)
 
         start_step = step
-        skipped_before = scaler.skipped if scaler else 0  # a resumed run's result counts its own
         # in-band link measurement: a plain local run's loopback says nothing of the spec's links
         measuring = cfg.measure_links and (transport.emulation is not None or not local)
         pairs = plan_pairs([layout.pipeline_ranks(i) for i in range(len(plan.pipelines))],
@@ -247,7 +246,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
                   "backend": transport.backend, "precision": precision,
                   "loss_scale": scaler.scale if scaler else None,
-                  "skipped_steps": scaler.skipped - skipped_before if scaler else 0,
+                  "skipped_steps": sum(1 for r in metrics.records if r.get("overflow")),  # this launch's
                   "checkpoint": str(last_ckpt) if last_ckpt else None, "resumed_from": resumed_from,
                   "metrics": str(cfg.metrics_path), "run_dir": cfg.run_dir,
                   "wandb": tracker.url_or_dir or None if tracker is not None else None}

@@ -22,7 +22,7 @@ import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
            "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
-           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable"]
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -157,6 +157,18 @@ def cannot_write_in(directory: str | Path) -> str | None:
     except OSError as e:
         return str(e.strerror or e)
     return None
+
+
+def cannot_create(path: str | Path) -> tuple[Path, str] | None:
+    """Why the directory `path` could not be made and written, creating nothing: (the nearest
+    directory above it that exists, or the file in its way; the reason), None when it could."""
+    nearest = Path(os.path.abspath(path))
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return nearest, "Not a directory"
+    reason = cannot_write_in(nearest)
+    return (nearest, reason) if reason else None
 
 
 def require_writable_dir(path: str | Path, option: str, error: type[Exception],

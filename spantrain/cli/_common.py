@@ -94,7 +94,7 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
     permission), checked on the nearest directory that exists and creating nothing, so inputs
     that turn out bad leave no empty directory behind; with `create`, when making it fails.
     Checked before any work, not by a worker mid-run."""
-    from spantrain._spec import cannot_write_in
+    from spantrain._spec import cannot_create
     from spantrain.errors import SpantrainError
 
     if not path:
@@ -102,16 +102,13 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpantrainError(f"{flag} {p} is a file, not a directory: pass a directory")
-    if creatable:
-        nearest = Path(os.path.abspath(p))
-        while not nearest.exists():
-            nearest = nearest.parent
+    problem = cannot_create(p) if creatable else None
+    if problem is not None:
+        nearest, reason = problem
         if not nearest.is_dir():
             raise SpantrainError(f"{flag} {p}: Not a directory ({str(nearest)!r} is a file)")
-        reason = cannot_write_in(nearest)
-        if reason:
-            raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); pass a directory this "
-                                 "user can write")
+        raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); pass a directory this "
+                             "user can write")
     if create:
         try:
             p.mkdir(parents=True, exist_ok=True)
