@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "launcher_gone",
-           "watch_launcher", "local_entry"]
+           "watch_launcher", "local_entry", "exit_worker"]
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
 """Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away."""
@@ -86,9 +86,15 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     code, _ = guarded(cfg, rank=rank, world_size=world_size, init_method=f"file://{store_path}", local=True,
                       stop=stop)
+    exit_worker(code)
+
+
+def exit_worker(code: int) -> None:
+    """End a worker process now, skipping interpreter teardown (it can hang on gloo threads):
+    its output flushed, and what exit handlers would have removed removed (rank 0's W&B)."""
     sys.stdout.flush()
     sys.stderr.flush()
     from spantrain.tracking import remove_import_temp_dirs
 
-    remove_import_temp_dirs()  # rank 0's W&B: their exit handler would not run
-    os._exit(code)  # skip interpreter teardown: nothing is left to flush, and it can hang on gloo threads
+    remove_import_temp_dirs()
+    os._exit(code)

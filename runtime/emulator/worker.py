@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m spantrain.runtime.emulator.worker RUN_CONFIG.json", file=sys.stderr)
         return 2
     from spantrain.runtime.config import RunConfig
-    from spantrain.runtime.entry import watch_launcher
+    from spantrain.runtime.entry import exit_worker, watch_launcher
     from spantrain.runtime.preflight import cpu_cores
 
     cfg = RunConfig.from_file(argv[0])
@@ -47,12 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     code, _ = guarded(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    from spantrain.tracking import remove_import_temp_dirs
-
-    remove_import_temp_dirs()  # rank 0's W&B: their exit handler would not run
-    os._exit(code)  # skip interpreter teardown: it can hang on gloo threads
+    exit_worker(code)
 
 
 if __name__ == "__main__":
