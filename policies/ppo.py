@@ -96,7 +96,7 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # text, a foreign pickle, an empty or truncated file
-        if _damaged(e):
+        if _damaged(e) or _cut_zip(path):
             raise PolicyError(f"{who} is damaged or truncated: {fix}") from None
         # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
         raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
@@ -131,13 +131,26 @@ def _damaged(e: Exception) -> bool:
     return isinstance(e, EOFError) or "PytorchStreamReader" in str(e)
 
 
-def load_failure(e: Exception) -> str:
-    """A short reason a file did not load: torch's messages run to many lines of advice."""
+def _cut_zip(path: Path) -> bool:
+    """Whether `path` starts like a zip (torch's format) but lost its end record: a file cut short.
+    torch's own errors for that vary with where the cut falls (an OSError EINVAL near the end)."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        return head == b"PK\x03\x04" and not zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def load_failure(e: Exception, path: Path | None = None) -> str:
+    """A short reason a file (`path`, if given) did not load: torch's messages run to many lines of advice."""
     import pickle
 
     if isinstance(e, pickle.UnpicklingError):
         return "not a torch file of tensors and plain data"
-    if _damaged(e):
+    if _damaged(e) or (path is not None and _cut_zip(path)):
         return "empty or truncated"
     text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     text = text if len(text) <= 120 else text[:117] + "..."

@@ -113,7 +113,8 @@ class ResumeState:
         except Exception as e:  # truncated by a full disk, or not ours
             from spantrain.policies.ppo import load_failure
 
-            raise SpantrainError(f"TrainConfig.resume: {path} is damaged ({load_failure(e)}); {_INSTEAD}") from None
+            why = load_failure(e, path)
+            raise SpantrainError(f"TrainConfig.resume: {path} is damaged ({why}); {_INSTEAD}") from None
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(blob, dict) or blob.get("format") != _FORMAT or not names <= blob.keys():
             raise SpantrainError(f"TrainConfig.resume: {path} is not a resume state of this spantrain version; "

@@ -194,6 +194,8 @@ FIX = "pass a policy file written by `spantrain train-policy` (a run's best-poli
     (b"name: cluster\ndevices: []\n", "is not a spantrain policy file (not a torch file of tensors)"),  # a spec
     (b"", "is damaged or truncated"),
     ("TRUNCATED", "is damaged or truncated"),  # was torch's PytorchStreamReader message
+    ("CUT_END", "is damaged or truncated"),  # only the zip's end record lost: torch raises OSError EINVAL
+    ("FOREIGN_ZIP", "is not a spantrain policy file (not a torch file of tensors)"),
     ("TENSOR", "is not a spantrain policy file (it holds a Tensor)"),
     ("DICT", "is not a spantrain policy file (it holds a dict without a 'format' key)"),
     ("DIR", "is a directory, not a policy file"),
@@ -214,6 +216,13 @@ def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reas
     elif content == "TRUNCATED":
         whole = SHIPPED_POLICY.read_bytes()
         bad.write_bytes(whole[:len(whole) // 2])
+    elif content == "CUT_END":  # a small file: torch seeks before its start and raises OSError
+        torch.save({"format": 1, "state_dict": {"w": torch.zeros(1000)}}, bad)
+        bad.write_bytes(bad.read_bytes()[:-30])
+    elif content == "FOREIGN_ZIP":
+        import zipfile
+        with zipfile.ZipFile(bad, "w") as z:
+            z.writestr("notes/readme.txt", "a zip, but not torch's")
     else:
         bad.write_bytes(content)
     with pytest.raises(PolicyError) as e:
