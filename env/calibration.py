@@ -59,6 +59,7 @@ __all__ = [
     "MEMORY_BYTES_PER_FLOP",
     "RESERVED_BYTES",
     "Calibration",
+    "EMULATED_CPU",
     "C_OP", "C_MSG", "C_STATE", "C_GRAD", "C_OPT", "C_MEMBW", "C_RESERVED", "C_OPF", "C_ITF", "C_OVERLAP", "C_LSGD",
     "C_SPB", "C_SPW",
 ]
@@ -83,6 +84,10 @@ MEMORY_BYTES_PER_FLOP = 0.02
 RESERVED_BYTES = 0.0
 """Bytes per device the framework holds besides the model (CUDA context, allocator
 fragmentation). 0 until measured: memory estimates are for the training state alone."""
+
+EMULATED_CPU = Path(__file__).resolve().parent / "profiles" / "emulated-cpu.yaml"
+"""The profile fitted to spantrain's runtime on the local emulated cluster (shipped in the
+package; ``examples/calibration/emulated-cpu.yaml`` links to it)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -204,7 +204,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     The result is the last launch's, with ``start_step`` and ``losses`` over the whole run,
     ``adaptations`` (every decision) and ``segments`` (one per plan: iterations, plan, medians).
     """
+    from spantrain.env.calibration import Calibration
     from spantrain.runtime.checkpoint import latest_checkpoint
+    from spantrain.runtime.prediction import predicted_step_s
     from spantrain.runtime.preflight import check_run
     from spantrain.runtime.zb_order import run_orders
     from spantrain.workload import load_workload
@@ -224,8 +226,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                              + (f"the checkpoint of iteration {step}" if latest else "the start (no checkpoint yet)"))
                 result = {"start_step": segments[-1]["final_step"] if segments else first_step, "final_step": step,
                           "stopped_early": True, "plan": cfg.plan, "step_s": None, "samples_per_s": None,
-                          "checkpoint": str(latest) if latest else None}
-            segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s")})
+                          "checkpoint": str(latest) if latest else None, "predicted_step_s": cfg.predicted_step_s}
+            segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s",
+                                                    "predicted_step_s")})
             switch = adapter.take_switch()
             if switch is None or not result["stopped_early"]:
                 break
@@ -237,9 +240,11 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                 raise ExecutionError(f"the new plan cannot run ({e}); the last checkpoint is "
                                      f"{result['checkpoint']} (continue with --resume)") from None
             orders, source = run_orders(cluster, workload, plan)
+            calibration = Calibration.from_dict(cfg.calibration) if cfg.calibration is not None else None
             cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),
                                       resume=result["checkpoint"] is not None, rank_map=None, zb_orders=orders,
-                                      zb_order_source=source, adaptation=adapter.records[-1])
+                                      zb_order_source=source, adaptation=adapter.records[-1],
+                                      predicted_step_s=predicted_step_s(cluster, workload, plan, calibration))
             adapter.note(f"continuing from iteration {result['final_step']} on the new plan "
                          f"({len(plan.devices)} device(s): {', '.join(plan.devices)})")
             written = _log_decisions(cfg.metrics_path, adapter.records, written)

@@ -81,6 +81,11 @@ class RunConfig:
     loss_scale: float = INITIAL_LOSS_SCALE
     """fp16: the loss scale to start from (halved on every overflow, doubled after 2000
     clean iterations; a resumed run continues from its checkpoint's)."""
+    calibration: dict[str, Any] | None = None
+    """Cost-model constants of the run's prediction (`Calibration` fields; None: the built-in ones)."""
+    predicted_step_s: float | None = None
+    """The cost model's seconds per iteration of `plan` (`spantrain.runtime.prediction`), logged
+    beside the measured ones; None: not predicted."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

@@ -127,7 +127,7 @@ class MetricsLog:
     """Appends step records to a JSON-lines file and mirrors scalars to a `Tracker`."""
 
     def __init__(self, path: str | Path, tracker: Any | None = None,
-                 announce: Callable[[str], None] | None = None):
+                 announce: Callable[[str], None] | None = None, predicted_step_s: float | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")  # noqa: SIM115 -- appended to for the whole run, closed by close()
@@ -142,6 +142,8 @@ class MetricsLog:
         """The run's last iteration: no measurement follows a drift there."""
         self.announce = announce
         """Called with `drift_message` on drift (torchrun's rank 0; local runs' launcher reads the event)."""
+        self.predicted_step_s = predicted_step_s
+        """The cost model's seconds per iteration, drawn on W&B's chart beside the measured ones."""
 
     def event(self, name: str, **fields: Any) -> None:
         """A non-iteration line: start, checkpoint, end."""
@@ -163,6 +165,8 @@ class MetricsLog:
                 self.announce(drift_message(event, measuring=self.measuring, last_step=self.last_step))
         if self.tracker is not None:
             scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s", "loss_scale") if k in record}
+            if self.predicted_step_s is not None:
+                scalars["predicted_step_s"] = self.predicted_step_s
             for r in record.get("ranks", []):
                 for k in ("compute_s", "p2p_wait_s", "sync_s"):
                     scalars[f"rank{r['rank']}/{k}"] = r[k]

@@ -144,10 +144,11 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
                                       "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim),
                                       "cluster": cluster.name, "devices": len(plan.devices),
-                                      "global_batch": plan.batch, "emulated": transport.emulation is not None})
+                                      "global_batch": plan.batch, "emulated": transport.emulation is not None,
+                                      "predicted_step_s": cfg.predicted_step_s})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
-            metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce)
+            metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s)
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
@@ -244,6 +245,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "stopped_early": step < cfg.steps, "losses": [r["loss"] for r in metrics.records],
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
+                  "predicted_step_s": cfg.predicted_step_s,
                   "backend": transport.backend, "precision": precision,
                   "loss_scale": scaler.scale if scaler else None,
                   "skipped_steps": sum(1 for r in metrics.records if r.get("overflow")),  # this launch's

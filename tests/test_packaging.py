@@ -72,7 +72,7 @@ def test_console_script_runs():
 
 
 @pytest.mark.slow
-def test_regular_install_ships_a_loadable_policy(tmp_path):
+def test_regular_install_ships_a_loadable_policy_and_the_emulated_calibration(tmp_path):
     # an editable install reads files from the checkout, so only a real install shows
     # whether the wheel carries the shipped policy (it once did not: assets/ is no package)
     # from a copy: setuptools builds in the source tree, which must stay clean
@@ -90,6 +90,10 @@ def test_regular_install_ships_a_loadable_policy(tmp_path):
     # on the checkout (here it would first recompile every numba kernel, ~30 s)
     code = ("import spantrain.policies.ppo as p, sys; assert p.__file__.startswith(sys.argv[1]), p.__file__;"
             "net, env, meta = p.load_policy(); assert meta['train_s'] > 0 and env['max_devices'] >= 16;"
+            # the emulated runs' default calibration profile sits in a folder that is no package too
+            "import spantrain.env.calibration as c; assert c.EMULATED_CPU.is_file() and "
+            "c.EMULATED_CPU.is_relative_to(sys.argv[1]), c.EMULATED_CPU;"
+            "assert c.Calibration.from_file(c.EMULATED_CPU).sync_overlap is False;"
             "print('ok')")
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, env=env,

@@ -123,6 +123,9 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     (decision,) = res["adaptations"]
     assert decision["switch"] and decision["chosen"] == "heuristic" and decision["switched_at"] == first["final_step"]
     assert decision["iteration_s_kept"] > 100 * decision["iteration_s_new"]
+    # each plan's own prediction, on the cluster it was chosen for: the decision's figures
+    assert first["predicted_step_s"] == pytest.approx(ref["predicted_step_s"])
+    assert second["predicted_step_s"] == pytest.approx(decision["iteration_s_new"])
     scalars = adaptation_scalars(decision)  # what the new plan's rank 0 logs to W&B
     assert scalars["adapt/switched_at"] == first["final_step"] and scalars["adapt/migration_s"] >= 0
     assert {"adapt/iteration_s_kept", "adapt/iteration_s_new", "adapt/remaining_steps"} <= set(scalars)

@@ -93,3 +93,23 @@ def test_a_new_launch_reads_only_its_own_lines_and_an_adapting_run_names_its_clu
     watcher.poll()
     assert watcher.last_step == 20 and len(notes) == 1
     assert f"re-measure them into {tmp_path / 'now.yaml'}" in notes[0] and "adapts its plan" in notes[0]
+
+
+def test_every_iteration_sends_the_prediction_to_wandb_beside_the_measured_time(tmp_path):
+    class Tracker:
+        def __init__(self):
+            self.logged: list[tuple[int, dict]] = []
+
+        def log(self, metrics, step=None):
+            self.logged.append((step, metrics))
+
+    for predicted in (0.25, None):
+        tracker = Tracker()
+        log = MetricsLog(tmp_path / "m.jsonl", tracker, predicted_step_s=predicted)
+        for k in range(3):
+            log.step(_record(k + 1, 0.3))
+        log.close()
+        assert [step for step, _ in tracker.logged] == [1, 2, 3]
+        assert all(m["step_s"] == 0.3 and m.get("predicted_step_s") == predicted for _, m in tracker.logged)
+        # no line at all when nothing was predicted, not a line at zero
+        assert all(("predicted_step_s" in m) == (predicted is not None) for _, m in tracker.logged)

@@ -332,14 +332,43 @@ def test_a_diverged_run_says_so(capsys, losses, note, in_fp16):
 
 
 def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
-    from runtime_helpers import ASYMMETRIC, plan, run_plan
+    from runtime_helpers import ASYMMETRIC, CLUSTER, MODEL, plan, run_plan
+
+    from spantrain.cluster import Cluster
+    from spantrain.env.calibration import Calibration
+    from spantrain.env.costmodel import estimate
+    from spantrain.plan import Plan
+    from spantrain.workload import Workload
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    res = run_plan(tmp_path, "tracked", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--track")
+    calibration = tmp_path / "cal.yaml"
+    calibration.write_text("op_overhead_s: 0.125\n")
+    the_plan = plan("1f1b", "allreduce", ASYMMETRIC)
+    res = run_plan(tmp_path, "tracked", the_plan, 2, "--track", "--calibration", str(calibration))
     where = Path(res["wandb"])  # what `wandb sync` takes; it was nowhere in the output
     assert where.is_dir() and where.name.startswith("offline-run-") and tmp_path / "tracked" in where.parents
-    records = wandb_records(where, b"rt-test", b"stopped_early")
-    assert b"rt-test" in records and b"stopped_early" in records  # the cluster in the config; the summary
+    # the cluster in the config; the summary; the prediction on the chart beside the measured step_s
+    records = wandb_records(where, b"rt-test", b"stopped_early", b"predicted_step_s")
+    assert b"rt-test" in records and b"stopped_early" in records and b"predicted_step_s" in records
+    expected = estimate(Cluster.from_spec(CLUSTER, "c"), Workload.from_spec(MODEL, "m"), Plan.from_dict(the_plan),
+                        Calibration.from_file(calibration)).iteration_s
+    assert res["predicted_step_s"] == pytest.approx(expected) and expected > 0.125 * 8
+    # the workers share this machine's cores: a figure to keep, not to compare
+    assert res["prediction_calibration"] == "cal.yaml" and res["prediction_comparable"] is False
+
+
+def test_a_bad_calibration_file_is_named_by_its_flag_before_any_worker_starts(tmp_path):
+    from runtime_helpers import ASYMMETRIC
+
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    (tmp_path / "cal.yaml").write_text("op_overhead: 1\n")
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan",
+                                    str(tmp_path / "p.json"), "--steps", "1", "--run-dir", str(tmp_path / "r"),
+                                    "--calibration", str(tmp_path / "cal.yaml"))
+    assert code == 2 and out == "" and not (tmp_path / "r").exists()
+    assert err.startswith(f"spantrain run: error: --calibration {tmp_path / 'cal.yaml'}: unknown constant "
+                          "'op_overhead'") and len(err.strip().splitlines()) == 1, err
 
 
 def test_an_unknown_wandb_mode_is_refused_before_any_worker_starts(tmp_path, monkeypatch):

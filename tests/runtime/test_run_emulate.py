@@ -66,6 +66,9 @@ def test_emulated_run_trains_exactly_like_a_local_run(tmp_path, no_leftovers):
                                               "--emulate-mode", "netns")))
     assert emulated["emulated"] is True and emulated["world_size"] == 4
     assert emulated["final_step"] == 3
+    # predicted with the profile fitted to this runtime; the spec's TFLOP/s are not the emulated devices' speed
+    assert emulated["prediction_calibration"] == "emulated-cpu.yaml" and emulated["prediction_comparable"] is False
+    assert emulated["predicted_step_s"] > local["predicted_step_s"] > 0  # no sync overlap, per-op overheads
     # Same samples, same initialisation, same sums: shaping and latency change timing, not training.
     assert emulated["losses"] == pytest.approx(local["losses"], rel=1e-5)
 

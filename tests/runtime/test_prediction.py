@@ -1,0 +1,81 @@
+"""A run's predicted s/iteration: which constants, which value, when it is comparable, how it is told."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runtime_helpers import ASYMMETRIC, CLUSTER, MODEL, plan
+
+from spantrain.cluster import Cluster
+from spantrain.env.calibration import EMULATED_CPU, Calibration
+from spantrain.env.costmodel import estimate
+from spantrain.plan import Plan
+from spantrain.runtime.prediction import calibration_name, comparable, predicted_step_s, run_calibration
+from spantrain.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _inputs(layer_times: bool = False) -> tuple[Cluster, Workload, Plan]:
+    workload = Workload.from_spec(MODEL, "model")
+    spec = {**CLUSTER, "devices": [dict(d) for d in CLUSTER["devices"]]}
+    if layer_times:  # as `spantrain profile` writes them
+        for d in spec["devices"]:
+            d["layer_times"] = {MODEL["name"]: {"batch": 1, "forward_ms": [2.0] * 4, "backward_ms": [4.0] * 4}}
+    return Cluster.from_spec(spec, "cluster"), workload, Plan.from_dict(plan("1f1b", "allreduce", ASYMMETRIC))
+
+
+def test_emulated_runs_default_to_the_profile_fitted_to_the_runtime():
+    shipped = run_calibration(None, emulated=True)
+    # the documented path is a link to the packaged profile, so the two cannot drift apart
+    assert shipped == Calibration.from_file(ROOT / "examples" / "calibration" / "emulated-cpu.yaml")
+    assert shipped.sync_overlap is False and shipped.op_overhead_flops > 0  # the runtime's way, fitted
+    assert run_calibration(None, emulated=False) is None  # a real cluster: the built-in constants
+    assert calibration_name(None, emulated=True) == EMULATED_CPU.name == "emulated-cpu.yaml"
+    assert calibration_name(None, emulated=False) == "built-in constants"
+
+
+def test_the_prediction_is_the_cost_models_estimate_with_the_runs_constants(tmp_path):
+    cluster, workload, p = _inputs()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("op_overhead_s: 0.25\n")
+    cal = run_calibration(str(mine), emulated=True)  # a file given wins over the default
+    assert cal.op_overhead_s == 0.25 and calibration_name(str(mine), emulated=True) == "mine.yaml"
+    assert predicted_step_s(cluster, workload, p, cal) == pytest.approx(estimate(cluster, workload, p, cal).iteration_s)
+    # the fixed 0.25 s per op is in it: 1f1b, 4 micro-batches, forward and backward on each of 2 stages
+    assert predicted_step_s(cluster, workload, p, cal) > predicted_step_s(cluster, workload, p, None) + 8 * 0.25
+
+
+def test_an_emulated_run_is_comparable_only_on_measured_compute():
+    cluster, workload, p = _inputs()
+    # the emulator gives each device a share of this machine's cores, not the spec's TFLOP/s
+    assert not comparable(cluster, workload, p, where="emulated")
+    assert comparable(cluster, workload, p, where="torchrun")
+    assert not comparable(cluster, workload, p, where="local")  # workers share one machine
+    measured, workload, p = _inputs(layer_times=True)
+    assert comparable(measured, workload, p, where="emulated")
+    assert not comparable(measured, Workload.from_spec({**MODEL, "name": "other"}, "model"), p, where="emulated")
+
+
+def test_the_report_sets_the_prediction_beside_the_measured_time(capsys):
+    from spantrain.cli.run import _report
+
+    result = {"start_step": 0, "final_step": 5, "target_steps": 5, "stopped_early": False, "loss_first": 5.0,
+              "loss_last": 4.0, "samples_per_s": 10.0, "step_s": 0.55, "losses": [5.0, 4.0], "metrics": "m.jsonl",
+              "predicted_step_s": 0.5, "prediction_calibration": "emulated-cpu.yaml", "prediction_comparable": True}
+    _report(result, as_json=False)
+    out = capsys.readouterr().out
+    assert "predicted by the cost model (emulated-cpu.yaml): 0.500 s/iteration, measured 10% slower" in out
+    _report({**result, "step_s": 0.4}, as_json=False)
+    assert "0.500 s/iteration, measured 20% faster" in capsys.readouterr().out
+    _report({**result, "prediction_comparable": False}, as_json=False)
+    assert "predicted" not in capsys.readouterr().out  # a figure of another machine would mislead
+    segments = [{"start_step": 0, "final_step": 3, "plan": plan("1f1b", "allreduce", ASYMMETRIC), "step_s": 0.5,
+                 "predicted_step_s": 0.5},
+                {"start_step": 3, "final_step": 5, "plan": plan("1f1b", "allreduce", ASYMMETRIC), "step_s": 0.6,
+                 "predicted_step_s": 0.3}]
+    _report({**result, "segments": segments}, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("s/iteration", 1)[1] for line in lines if line.startswith("plan ")] == [
+        " (predicted 0.500 s/iteration, measured as predicted)", " (predicted 0.300 s/iteration, measured 100% slower)"]
