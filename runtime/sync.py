@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from spantrain.runtime.models import StageModule
+from spantrain.runtime.optim import ensure_state
 from spantrain.runtime.rankmap import Layout
 from spantrain.runtime.transport import Transport
 
@@ -116,6 +117,8 @@ class Synchronizer:
             return
         if not (force or self.is_sync_step(step)):
             return
+        # before any update ran (fp16 skipped every one so far) AdamW has no state: zero moments are its fresh one
+        ensure_state(optimizer)
         per_layer = module.layer_parameters()
         for g in self.groups:
             tensors = []

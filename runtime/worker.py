@@ -225,9 +225,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             # point; a final one saves their weighted average.
             synced = sync.is_sync_step(step - 1)
             if ckpt is not None and ((ckpt_pending and synced) or final):
+                ensure_state(optimizer)  # parameters that never had a gradient still get (zero) state
                 if not synced:
                     sync.average_state(module, optimizer, step - 1, force=True)
-                ensure_state(optimizer)  # parameters that never had a gradient still get (zero) state
                 ckpt_pending = False
                 last_ckpt = ckpt.save(step, _checkpoint_tensors(module, optimizer),
                                       _train_state(step, samples_seen, seed, cfg, plan, scaler),

@@ -133,6 +133,20 @@ def test_an_fp16_run_trains_as_fp32_does_and_overflows_are_skipped_everywhere(tm
     assert json.loads(out)["skipped_steps"] == 1  # this launch's one iteration (2^37 still overflows)
 
 
+def test_local_sgd_averages_replicas_whose_every_update_so_far_overflowed(tmp_path):
+    # AdamW has no state before its first step: averaging it (at a sync point, and before the final
+    # checkpoint of a run stopping between sync points) failed with KeyError 'exp_avg' on every rank
+    res = run_plan(tmp_path, "lsgd", plan("1f1b", "local-sgd", ASYMMETRIC, period=2), 3, "--precision", "fp16",
+                   "--loss-scale", str(2.0**40))
+    assert res["skipped_steps"] == 3 and res["final_step"] == 3
+    init = {k: p.detach() for ps in build_stage_module(workload(), 0, workload().num_layers, seed=0)
+            .layer_parameters().values() for k, p in ps}
+    params = read_tensors(res["checkpoint"])
+    # replicas of unchanged weights average to them (weighted by batch share: up to a rounding)
+    assert all(torch.allclose(params[k], init[k], rtol=0, atol=1e-7) for k in init)
+    assert all(not v.any() for k, v in params.items() if k.endswith((".exp_avg", ".step")))  # AdamW never stepped
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--loss-scale", "1024"], "--loss-scale applies to fp16 training, and this run trains in fp32"),
     (["--precision", "fp16", "--loss-scale", "0.5"], "--loss-scale must be a finite number in [1, 2^40], got 0.5"),
