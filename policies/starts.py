@@ -62,12 +62,15 @@ def _plan_one(args: tuple[tuple, str]) -> tuple[tuple, dict | None]:
 
 
 def _worker_signals() -> None:
-    """A pool worker leaves Ctrl-C to the parent and dies quietly on the pool's SIGTERM: forked
-    from `train-policy`, it inherited handlers that turn SIGTERM and SIGHUP into an exception,
-    and every worker printed its traceback when the pool closed, in good runs too."""
+    """A pool worker leaves Ctrl-C and a hang-up to the parent and dies quietly on the pool's
+    SIGTERM: forked from `train-policy`, it inherited handlers that turn SIGTERM and SIGHUP into
+    an exception, and every worker printed its traceback when the pool closed, in good runs too.
+    A hang-up reaches the whole job; a worker it killed would leave its task unanswered and the
+    pool waiting for ever (under nohup, where the parent ignores it); the parent decides, and
+    its pool's SIGTERM ends the workers when it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _cached(path: Path) -> tuple[bool, dict | None]:

@@ -117,6 +117,32 @@ def test_workers_end_quietly_when_the_pool_closes_under_train_policys_signal_han
     assert proc.returncode == 0 and proc.stdout.strip() == "4" and proc.stderr == "", proc.stderr
 
 
+def test_a_hang_up_under_nohup_leaves_the_starts_running_to_the_end(tmp_path):
+    # the hang-up reaches the whole job; workers that reset SIGHUP to the default died of it, and the
+    # pool waited for ever for the starts they held, where the parent (under nohup) ignores it
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup\n"
+            "from spantrain.runtime import stop_signals\n"
+            "stop_signals.install()\n"
+            "from spantrain.policies.starts import HeuristicStarts\n"
+            "keys = [('cee', 6, s, 'gpt2-medium', 1.0) for s in range(30)]\n"
+            "print(HeuristicStarts(sys.argv[1]).prepare(keys, workers=2, progress=False))\n")
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (cache.exists() and any(p.suffix == ".json" for p in cache.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, "no start was written"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGHUP)  # the terminal closes
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the pool waited for ever for starts whose workers the hang-up killed") from None
+    assert proc.returncode == 0 and out.strip() == "30" and err == "", err
+
+
 def test_no_more_processes_than_starts_to_compute(tmp_path, monkeypatch):
     import multiprocessing
 
