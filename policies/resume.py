@@ -95,6 +95,10 @@ class ResumeState:
         if out.exists() and not out.is_dir():
             raise SpantrainError(f"TrainConfig.out_dir {out} is a file, not a directory: pass the directory of the "
                                  "run to resume")
+        from spantrain.runtime.launcher import RUN_LOCK, refuse_held
+
+        # a live run has no resume state until PPO starts: "nothing to resume ... remove it" would mislead
+        refuse_held(out, "TrainConfig.out_dir", SpantrainError)
         if not path.is_file():
             fix = "start a run there without TrainConfig.resume"
             if not out.is_dir():
@@ -102,8 +106,6 @@ class ResumeState:
             else:
                 why = (f"it holds no {RESUME_FILE}, which a run writes from PPO's start on (one stopped during "
                        "its heuristic starts or imitation has none)")
-                from spantrain.runtime.launcher import RUN_LOCK
-
                 if any(p.name != RUN_LOCK for p in out.iterdir()):  # a lock file alone: a run that wrote nothing
                     fix = ("start anew without TrainConfig.resume, in another TrainConfig.out_dir or after "
                            "removing this one (the heuristic starts are cached)")

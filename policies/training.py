@@ -132,12 +132,10 @@ def _check_out_dir(out: Path, held) -> None:
     this run would overwrite them (best-policy.pt among them) and mix its checkpoints with that
     run's; one that another run holds too (its files may not be written yet)."""
     from spantrain._spec import require_writable_dir
-    from spantrain.runtime.launcher import lock_holder, run_dir_lock
+    from spantrain.runtime.launcher import refuse_held, run_dir_lock
 
-    holder = lock_holder(out)  # first: a live run's files would be named as a previous run's, to resume or remove
-    if holder is not None:
-        raise SpantrainError(f"TrainConfig.out_dir {out} is in use by another spantrain run ({holder}): wait for "
-                             "it to finish, or pass another TrainConfig.out_dir")
+    # first: a live run's files would be named as a previous run's, to resume or remove
+    refuse_held(out, "TrainConfig.out_dir", SpantrainError)
     _check_previous_run(out)  # before the lock, which leaves its file: a finished run's directory stays as it was
     held.enter_context(run_dir_lock(out, "TrainConfig.out_dir"))
     _check_previous_run(out)  # again: a run that wrote its files between the first look and the lock

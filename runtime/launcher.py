@@ -92,7 +92,6 @@ def run_dir_lock(run_dir: str | Path, flag: str = "--run-dir") -> Iterator[None]
     possibly on a shared file system without locks); workers do not inherit the descriptor
     (it is close-on-exec, and they are forked from the fork server, not from the launcher).
     """
-    import fcntl
 
     run_dir = Path(run_dir)
     path = run_dir / RUN_LOCK
@@ -104,7 +103,7 @@ def run_dir_lock(run_dir: str | Path, flag: str = "--run-dir") -> Iterator[None]
                              "can write") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_exclusive(fd)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
             raise ExecutionError(f"{flag} {run_dir} is in use by another spantrain run"
@@ -118,6 +117,21 @@ def run_dir_lock(run_dir: str | Path, flag: str = "--run-dir") -> Iterator[None]
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _flock_exclusive(fd: int, tries: int = 5, pause_s: float = 0.02) -> None:
+    """The exclusive lock, or `BlockingIOError`; a few tries, since `lock_holder`'s probe holds a
+    shared lock for an instant and a run starting then must not take it for a live run."""
+    import fcntl
+
+    for k in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if k == tries - 1:
+                raise
+            time.sleep(pause_s)
 
 
 def lock_holder(run_dir: str | Path) -> str | None:
@@ -138,6 +152,14 @@ def lock_holder(run_dir: str | Path) -> str | None:
     finally:
         os.close(fd)  # releases the shared lock, if taken
     return None
+
+
+def refuse_held(run_dir: str | Path, flag: str, error: type[Exception] = ExecutionError) -> None:
+    """`error` naming the live run that holds `run_dir` (`flag` names the option), if one does."""
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        raise error(f"{flag} {run_dir} is in use by another spantrain run ({holder}): wait for it to finish, or "
+                    f"pass another {flag}")
 
 
 def _context() -> multiprocessing.context.BaseContext:

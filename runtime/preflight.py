@@ -107,12 +107,9 @@ def resume_state(checkpoint_dir: str | None, workload: Workload, steps: int) -> 
         raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
     latest = latest_checkpoint(checkpoint_dir)
     if latest is None:
-        from spantrain.runtime.launcher import lock_holder
+        from spantrain.runtime.launcher import refuse_held
 
-        holder = lock_holder(checkpoint_dir)
-        if holder is not None:  # its first checkpoint is still to come
-            raise ExecutionError(f"--checkpoint-dir {checkpoint_dir} is in use by another spantrain run ({holder}): "
-                                 "wait for it to finish, or pass another --checkpoint-dir")
+        refuse_held(checkpoint_dir, "--checkpoint-dir")  # a live run whose first checkpoint is still to come
         raise ExecutionError(f"--resume: no complete checkpoint in {checkpoint_dir}: pass the directory that holds "
                              "the run's checkpoints, or leave out --resume to start anew")
     state = check_meta(latest, workload)

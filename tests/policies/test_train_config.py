@@ -256,9 +256,11 @@ def test_a_second_run_in_the_same_out_dir_is_refused_while_the_first_runs(run_cl
         assert err.strip().splitlines() == [f"spantrain train-policy: error: --out-dir {run} is in use by another "
                                             f"spantrain run (pid {os.getpid()}): wait for it to finish, or pass "
                                             "another --out-dir"], err
+        # the first run has no resume.pt yet: "nothing to resume ... remove it" would send the user astray
         code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
-        assert code == 2 and "nothing to resume" in err  # the first run has no resume.pt yet: said first
-        assert "start a run there without --resume" in err  # its lock file alone is no previous run
+        assert code == 2 and err.strip().splitlines() == [
+            f"spantrain train-policy: error: --out-dir {run} is in use by another spantrain run (pid {os.getpid()}): "
+            "wait for it to finish, or pass another --out-dir"], err
         # from PPO's start on the live run has policy files: still "in use", not "resume it or remove it"
         (run / "checkpoints").mkdir()
         for name in ("resume.pt", "checkpoints/policy-0.pt"):
@@ -267,6 +269,12 @@ def test_a_second_run_in_the_same_out_dir_is_refused_while_the_first_runs(run_cl
                                tmp_path / "cache")
         assert code == 2 and "is in use by another spantrain run" in err, err
     assert not (tmp_path / "cache").exists()
+    for name in ("resume.pt", "checkpoints/policy-0.pt"):
+        (run / name).unlink()
+    (run / "checkpoints").rmdir()
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
+    assert code == 2 and "nothing to resume" in err  # once it is gone, its lock file alone is no previous run
+    assert "start a run there without --resume" in err
 
 
 def test_init_policy_of_another_shape_names_the_flags_to_pass(run_cli, tmp_path):

@@ -303,3 +303,21 @@ def test_resuming_with_a_learning_rate_passed_on_purpose_gives_no_reason_about_d
         "resuming with --lr 0.0005 (the checkpoint's run: 0.0003)")
     assert other_optim_note(before, {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-8}).endswith(
         "; AdamW settings left out take their defaults, not the checkpoint's")  # --lr left out: its default
+
+
+def test_a_run_starting_while_another_command_probes_the_lock_is_not_refused(tmp_path):
+    import fcntl
+    import threading
+
+    from spantrain.runtime.launcher import RUN_LOCK, lock_holder, run_dir_lock
+
+    run = tmp_path / "run"
+    with run_dir_lock(run):  # a finished run leaves its pid in the lock file
+        pass
+    assert lock_holder(run) is None
+    # `lock_holder`'s probe (run --resume, train-policy) holds a shared lock for an instant
+    fd = os.open(run / RUN_LOCK, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    threading.Timer(0.03, os.close, (fd,)).start()
+    with run_dir_lock(run):  # was refused, naming the finished run's pid as a live one
+        assert (run / RUN_LOCK).read_text().strip() == str(os.getpid())
