@@ -114,7 +114,9 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
     if not (isinstance(scaler, dict) and all(isinstance(scaler.get(k), (int, float)) and scaler[k] >= 0
                                              and math.isfinite(scaler[k])
                                              for k in ("scale", "growth_interval", "clean", "skipped"))
-            and scaler["scale"] > 0 and scaler["growth_interval"] >= 1):
+            and scaler["scale"] > 0 and scaler["growth_interval"] >= 1
+            # older checkpoints lack in_row; a present one must be a count like the others
+            and (isinstance(scaler.get("in_row", 0), int) and scaler.get("in_row", 0) >= 0)):
         raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid 'loss_scale'; {damaged(path)}")
     return state
 

@@ -123,6 +123,9 @@ def test_meta_refuses_another_model(tmp_path):
     ('{"step": 4, "samples_seen": -40, "seed": 0, "rng_state": ""}', "has no valid 'samples_seen'"),
     ('{"step": 4, "samples_seen": 40, "seed": 0, "rng_state": "", "loss_scale": {"scale": "big"}}',
      "has no valid 'loss_scale'"),  # an fp16 run's
+    # every worker failed on it with int()'s bare TypeError
+    ('{"step": 4, "samples_seen": 40, "seed": 0, "rng_state": "", "loss_scale": {"scale": 8, "growth_interval": 2000, '
+     '"clean": 0, "skipped": 1, "in_row": null}}', "has no valid 'loss_scale'"),
 ])
 def test_a_damaged_checkpoint_is_named_with_what_to_do(tmp_path, state, problem):
     """Not a traceback, and not "continue with --resume" from the checkpoint that just failed."""
