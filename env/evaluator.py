@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.costmodel import CostModel
 from spantrain.env.partition import Partitioner
 from spantrain.estimate import Estimate
@@ -141,10 +142,13 @@ def round_shares(x: np.ndarray, total: int, minimum: int = 1) -> list[int]:
 class Evaluator:
     """Builds and scores candidates for one cluster and workload; counts cost-model calls."""
 
-    def __init__(self, cluster: Cluster, workload: Workload, model: CostModel | None = None):
+    def __init__(self, cluster: Cluster, workload: Workload, model: CostModel | None = None, *,
+                 calibration: Calibration | None = None):
+        """`model` scores the candidates; without one, a cost model with `calibration`'s
+        constants (the built-in ones when None)."""
         self.cluster = cluster
         self.workload = workload
-        self.model = model or CostModel(cluster, workload)
+        self.model = model or CostModel(cluster, workload, calibration)
         self.classes = self.model.classes
         """Interchangeable-device class of every device (`CostModel.classes`)."""
         self.part = Partitioner(self.model, self.classes)

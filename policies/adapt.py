@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs
 from spantrain.errors import PlanError, PolicyError
 from spantrain.plan import Plan
+from spantrain.planner import plan_with
 from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
@@ -103,12 +105,13 @@ def candidate_from_plan(ev: Evaluator, plan: Plan) -> Candidate:
 
 
 def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining_steps: int = DEFAULT_REMAINING_STEPS,
-               planner: str = "auto", **planner_options: Any) -> Adaptation:
+               planner: str = "auto", calibration: Calibration | None = None, **planner_options: Any) -> Adaptation:
     """The cheapest way to run the remaining steps from `running` (module docstring).
 
     `planner` decides the options: ``auto`` tries the policy and the heuristic, ``ppo``
     the policy alone, any other registered planner its fresh plan; keeping is always an
-    option while every device of `running` is still there. `planner_options` go to the
+    option while every device of `running` is still there. `calibration`: the cost model's
+    constants for every option (the built-in ones when None). `planner_options` go to the
     planner (``policy=FILE`` for ppo/auto)."""
     from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers
     from spantrain.policies.heuristic import HeuristicPlanner
@@ -126,7 +129,7 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
     ppo = named.ppo if planner == "auto" else named if planner == "ppo" else None
     fresh_planner = HeuristicPlanner() if planner == "auto" else named
     missing = tuple(d for d in running.devices if d not in cluster)
-    ev = Evaluator(cluster, workload)
+    ev = Evaluator(cluster, workload, calibration=calibration)
     H = remaining_steps
     found: dict[str, Candidate] = {}
     env = None
@@ -142,7 +145,7 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         if ppo is not None and (planner == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing:
-        found[fresh_planner.name] = candidate_from_plan(ev, fresh_planner.plan(cluster, workload))
+        found[fresh_planner.name] = candidate_from_plan(ev, plan_with(fresh_planner, cluster, workload, calibration))
     options = []
     for name, cand in found.items():
         migration = 0.0 if env is None or name == "keep" else env.migration_s(cand)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, round_shares
 from spantrain.errors import PlannerError
 from spantrain.plan import Plan
@@ -61,8 +62,8 @@ class _Baseline:
     def __init__(self, config: BaselineConfig | None = None, **options):
         self.config = config or BaselineConfig(**options)
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        ev = Evaluator(cluster, workload)
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator) -> Candidate:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.costmodel import CostModel
 from spantrain.errors import SpantrainError
 from spantrain.estimate import Estimate
 from spantrain.plan import Plan
-from spantrain.planner import prepare
+from spantrain.planner import plan_with, prepare
 from spantrain.policies.registry import available_planners, get_planner
 from spantrain.workload import Workload
 
@@ -80,8 +81,10 @@ def warm_up(names: tuple[str, ...] = ("ddp", "heuristic"), **options: Any) -> No
         run_planner(name, cluster, workload, **options)
 
 
-def run_planner(name: str, cluster: Cluster, workload: Workload, **options: Any) -> PlannerResult:
-    """Plan with `name` (built with `options`), time it, and estimate the plan. A planner's
+def run_planner(name: str, cluster: Cluster, workload: Workload, *, calibration: Calibration | None = None,
+                **options: Any) -> PlannerResult:
+    """Plan with `name` (built with `options`) scoring plans with `calibration`'s constants (the
+    built-in ones when None), time it, and estimate the plan with the same. A planner's
     `prepare()`, when it has one (loading the learned policy, which imports torch: ~4 s
     in a fresh process), runs before the clock starts: plan time is planning."""
     planner = get_planner(name, **options)
@@ -91,12 +94,12 @@ def run_planner(name: str, cluster: Cluster, workload: Workload, **options: Any)
         return PlannerResult(name=name, plan=None, estimate=None, plan_s=0.0, reason=_reason(name, e))
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        plan = planner.plan(cluster, workload)
+        plan = plan_with(planner, cluster, workload, calibration)
     except SpantrainError as e:
         return PlannerResult(name=name, plan=None, estimate=None, plan_s=time.perf_counter() - t0,
                              cpu_s=time.process_time() - c0, reason=_reason(name, e))
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    est = CostModel(cluster, workload, memo=False).estimate(plan)
+    est = CostModel(cluster, workload, calibration, memo=False).estimate(plan)
     return PlannerResult(name=name, plan=plan, estimate=est, plan_s=dt, cpu_s=dc,
                          reason="" if est.feasible else "infeasible: " + "; ".join(est.reasons))
 

@@ -60,6 +60,7 @@ import numpy as np
 from numba import njit
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
@@ -182,13 +183,13 @@ class ExhaustivePlanner:
         self.config = config or ExhaustiveConfig(**options)
         self.stats: dict[str, float] = {}
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
         cfg = self.config
         n = len(cluster)
         if n > cfg.max_devices:
             raise PlannerError(f"exhaustive: cluster {cluster.name!r} has {n} devices; exhaustive search covers at "
                                f"most {cfg.max_devices} (use --planner heuristic or ga)")
-        ev = Evaluator(cluster, workload)
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator) -> Candidate:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
@@ -87,8 +88,8 @@ class GeneticPlanner:
         self.config = config or GeneticConfig(**options)
         self.stats: dict[str, float] = {}
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        ev = Evaluator(cluster, workload)
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator) -> Candidate:

@@ -93,6 +93,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, Layout, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
@@ -156,8 +157,8 @@ class HeuristicPlanner:
         self.config = config or HeuristicConfig(**options)
         self.stats: dict[str, float] = {}
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        ev = Evaluator(cluster, workload)
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     # ---- the search ---------------------------------------------------------------------

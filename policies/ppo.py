@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import Candidate, Evaluator
 from spantrain.errors import PolicyError, SpantrainError
 from spantrain.plan import Plan
@@ -260,8 +261,8 @@ class PPOPlanner:
         """Load the policy now (imports torch); `PolicyError` if it cannot be loaded."""
         self._load()
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        ev = Evaluator(cluster, workload)
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator, start: Candidate | None = None) -> Candidate:
@@ -312,8 +313,8 @@ class AutoPlanner:
         with contextlib.suppress(PolicyError):
             self.ppo.prepare()
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        ev = Evaluator(cluster, workload)
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        ev = Evaluator(cluster, workload, calibration=calibration)
         return ev.to_plan(self.best_candidate(ev))
 
     def best_candidate(self, ev: Evaluator) -> Candidate:

@@ -22,13 +22,12 @@ from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.plan import Plan
 from spantrain.workload import Workload
 
-__all__ = ["run_calibration", "predicted_step_s", "comparable", "calibration_name"]
+__all__ = ["default_calibration", "predicted_step_s", "comparable", "calibration_name"]
 
 
-def run_calibration(path: str | None, *, emulated: bool) -> Calibration | None:
-    """The constants a run's prediction uses: `path`'s, the emulated profile, or None (built-in)."""
-    if path is not None:
-        return Calibration.from_file(path)
+def default_calibration(emulated: bool) -> Calibration | None:
+    """The constants a run plans and predicts with unless ``--calibration`` names others: the
+    profile fitted to this runtime on the emulated cluster, or None (the built-in ones)."""
     return Calibration.from_file(EMULATED_CPU) if emulated else None
 
 

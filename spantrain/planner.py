@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from spantrain.cluster import Cluster
+    from spantrain.env.calibration import Calibration
     from spantrain.plan import Plan
     from spantrain.workload import Workload
 
-__all__ = ["Planner", "prepare", "gc_paused"]
+__all__ = ["Planner", "prepare", "plan_with", "gc_paused"]
 
 
 @runtime_checkable
@@ -21,8 +22,10 @@ class Planner(Protocol):
 
     name: str
 
-    def plan(self, cluster: Cluster, workload: Workload) -> Plan:
-        """A valid plan whose iteration batch aims at `workload.global_batch`."""
+    def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+        """A valid plan whose iteration batch aims at `workload.global_batch`, the fastest the
+        planner finds by a cost model with `calibration`'s constants (the built-in ones when
+        None; a profile of the executor that will run the plan makes it fastest there)."""
         ...
 
 
@@ -32,6 +35,14 @@ def prepare(planner: Planner) -> None:
     load = getattr(planner, "prepare", None)
     if load is not None:
         load()
+
+
+def plan_with(planner: Planner, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
+    """`planner.plan`, passing `calibration` only when there is one: a planner written before
+    `Planner.plan` took it still plans with the built-in constants."""
+    if calibration is None:
+        return planner.plan(cluster, workload)
+    return planner.plan(cluster, workload, calibration)
 
 
 @contextmanager

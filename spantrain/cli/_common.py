@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "load_plan",
            "print_json", "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite",
-           "check_seed"]
+           "check_seed", "add_calibration_arg", "load_calibration"]
 
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -33,6 +33,28 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else there")
+
+
+def add_calibration_arg(p: argparse.ArgumentParser, what: str,
+                        default: str = "the built-in constants, which describe GPUs whose executor overlaps "
+                                       "sync with the backward pass") -> None:
+    p.add_argument("--calibration", metavar="FILE",
+                   help=f"cost-model constants (YAML/JSON) {what}: a profile of the executor that will run the plan, "
+                        f"e.g. examples/calibration/emulated-cpu.yaml for spantrain's runtime on the local emulated "
+                        f"cluster (default: {default})")
+
+
+def load_calibration(path: str | None):
+    """`--calibration`'s constants (a bad file named by the flag), or None for the built-in ones."""
+    from spantrain.env.calibration import Calibration
+    from spantrain.errors import SpecError
+
+    if path is None:
+        return None
+    try:
+        return Calibration.from_file(path)
+    except SpecError as e:
+        raise SpecError(f"--calibration {e}") from None
 
 
 def load_cluster(path: str):

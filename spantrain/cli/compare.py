@@ -16,9 +16,11 @@ import re
 
 from spantrain._spec import plural
 from spantrain.cli._common import (
+    add_calibration_arg,
     add_cluster_arg,
     add_json_arg,
     add_model_args,
+    load_calibration,
     load_cluster,
     load_model,
     print_json,
@@ -37,6 +39,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planners", metavar="A,B,...",
                    help="planners to run, comma-separated (default: all; exhaustive only up to 8 devices)")
     add_planner_option_args(p)
+    add_calibration_arg(p, "every planner scores plans with, and the table's figures come from")
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
+    calibration = load_calibration(args.calibration)
     if args.planners is not None:  # `--planners ""` is a mistake, not a request for the default list
         names = [n.strip() for n in args.planners.split(",") if n.strip()]
         available = f"(available: {', '.join(available_planners())})"
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     warm_up()  # plan times below are planning, not the process's kernel loading
     results = {}
     for name in names:
-        results[name] = run_planner(name, cluster, workload, **options[name])
+        results[name] = run_planner(name, cluster, workload, calibration=calibration, **options[name])
     ddp = results.get("ddp")
     base = ddp.samples_per_s if ddp is not None and ddp.feasible else None
     rows = {}
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         row["speedup_vs_ddp"] = r.samples_per_s / base if base and r.feasible else None
         rows[name] = row
     if args.json:
-        print_json({"planners": rows, "cluster": cluster.name, "model": workload.name, "devices": len(cluster)})
+        print_json({"planners": rows, "cluster": cluster.name, "model": workload.name, "devices": len(cluster),
+                    "calibration": args.calibration})
         return 0
     _print_human(cluster, workload, rows)
     return 0

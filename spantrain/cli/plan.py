@@ -24,10 +24,12 @@ from typing import Any
 
 from spantrain._spec import plural
 from spantrain.cli._common import (
+    add_calibration_arg,
     add_cluster_arg,
     add_json_arg,
     add_model_args,
     check_output_file,
+    load_calibration,
     load_cluster,
     load_model,
     print_json,
@@ -116,6 +118,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remaining-steps", type=int, metavar="N",
                    help="with --from: iterations the run still has to go, over which a migration must pay "
                         "(default 500)")
+    add_calibration_arg(p, "the planner scores plans with")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the plan JSON here")
     add_json_arg(p)
     p.set_defaults(func=run)
@@ -124,7 +127,7 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from spantrain.env.costmodel import CostModel
     from spantrain.errors import PlannerError
-    from spantrain.planner import prepare
+    from spantrain.planner import plan_with, prepare
     from spantrain.policies.registry import get_planner
 
     if args.remaining_steps is not None and not args.running:
@@ -133,22 +136,23 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.output, "-o")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
+    calibration = load_calibration(args.calibration)
     options = planner_options(args.planner, args, strict=True)
     check_policy(args.policy)  # options passed the check: a planner that takes it
     t0 = time.perf_counter()
     adaptation = None
     load_s = 0.0
     if args.running:
-        adaptation = _adapt(args, cluster, workload, options)
+        adaptation = _adapt(args, cluster, workload, options, calibration)
         plan = adaptation.plan
     else:
         planner = get_planner(args.planner, **options)
         prepare(planner)  # loading the policy (and torch) is not planning: timed apart
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        plan = planner.plan(cluster, workload)
+        plan = plan_with(planner, cluster, workload, calibration)
     plan_s = time.perf_counter() - t0
-    model = CostModel(cluster, workload, memo=False)
+    model = CostModel(cluster, workload, calibration, memo=False)
     est = model.estimate(plan)
     if args.output:
         plan.save(args.output)
@@ -159,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         out = {"plan": plan.to_dict(), "estimate": est.to_dict(), "iteration_s": est.iteration_s,
                "samples_per_s": est.samples_per_s, "feasible": est.feasible,
                "peak_memory_gb": est.peak_memory_gb, "planner": args.planner, "plan_s": plan_s,
-               "load_s": load_s}
+               "load_s": load_s, "calibration": args.calibration}
         if adaptation is not None:
             out["adaptation"] = adaptation.to_dict()
         print_json(out)
@@ -172,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any]):
+def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any], calibration):
     from spantrain.errors import PlanError
     from spantrain.plan import Plan
     from spantrain.policies.adapt import DEFAULT_REMAINING_STEPS, adapt_plan
@@ -182,7 +186,8 @@ def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any])
         raise PlanError(f"--remaining-steps must be a positive integer, got {steps}")
     running = Plan.from_file(args.running)
     try:
-        adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=args.planner, **options)
+        adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=args.planner,
+                                calibration=calibration, **options)
     except PlanError as e:
         raise PlanError(f"running plan {args.running}: {e}") from None
     if adaptation.missing:

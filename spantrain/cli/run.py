@@ -20,12 +20,14 @@ from typing import Any
 
 from spantrain._spec import plural
 from spantrain.cli._common import (
+    add_calibration_arg,
     add_cluster_arg,
     add_json_arg,
     add_model_args,
     check_dir_option,
     check_finite,
     check_seed,
+    load_calibration,
     load_cluster,
     load_model,
     load_plan,
@@ -117,10 +119,10 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapt-planner", default="auto", metavar="NAME",
                    help="with --adapt: who proposes the new plan: auto (the policy and the heuristic, default), "
                    "ppo, heuristic or any planner of `spantrain compare`")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="cost-model constants (YAML/JSON) for the run's predicted s/iteration, reported beside the "
-                   "measured one (default: with --emulate the profile fitted to the emulated cluster, "
-                   "examples/calibration/emulated-cpu.yaml; otherwise the built-in constants)")
+    add_calibration_arg(p, "for --planner's and --adapt's plans and the run's predicted s/iteration (reported "
+                        "beside the measured one)",
+                        default="with --emulate the profile fitted to it, examples/calibration/emulated-cpu.yaml; "
+                                "otherwise the built-in constants")
     add_json_arg(p)
     p.set_defaults(func=_run)
 
@@ -245,7 +247,7 @@ def _check_metrics_dir(path: str) -> None:
                          fix="pass a file path in a directory this run can write")
 
 
-def _make_plan(args: argparse.Namespace, cluster, workload):
+def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
     from spantrain.errors import PlanError
 
     if args.plan:
@@ -255,9 +257,10 @@ def _make_plan(args: argparse.Namespace, cluster, workload):
             raise PlanError(f"--global-batch {args.global_batch} but plan {args.plan} trains {plan.batch} samples "
                             f"per iteration (pass --global-batch {plan.batch}, or leave it out)")
         return plan
+    from spantrain.planner import plan_with
     from spantrain.policies.registry import get_planner
 
-    return get_planner(args.planner).plan(cluster, workload)
+    return plan_with(get_planner(args.planner), cluster, workload, calibration)
 
 
 def _check_network(path: str, emulate: bool, plan) -> None:
@@ -284,7 +287,7 @@ def _default_run_dir(torchrun: bool) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.config import OptimConfig, RunConfig
-    from spantrain.runtime.prediction import calibration_name, comparable, predicted_step_s
+    from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
     from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
 
     _check_numbers(args)
@@ -295,8 +298,8 @@ def _run(args: argparse.Namespace) -> int:
         wandb_mode()  # a WANDB_MODE wandb does not know fails now, not in rank 0 once every worker started
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
-    calibration = _calibration(args.calibration, args.emulate)
-    plan = _make_plan(args, cluster, workload)
+    calibration = load_calibration(args.calibration) if args.calibration else default_calibration(args.emulate)
+    plan = _make_plan(args, cluster, workload, calibration)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
     if args.emulate_network:
         _check_network(args.emulate_network, args.emulate, plan)
@@ -413,7 +416,8 @@ def _run(args: argparse.Namespace) -> int:
                     adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster,
                                       measured_file=ClusterFile(run_dir / "cluster-measured.json")
                                       if cfg.measure_links else None,
-                                      steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan),
+                                      steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan,
+                                                        calibration),
                                       # above the progress bar when there is one
                                       note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
                     result = run_adapting(cfg, launch, adapter)
@@ -440,28 +444,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibration(path: str | None, emulated: bool):
-    """--calibration's constants (named by the flag when the file is bad), or the run's default."""
-    from spantrain.errors import SpecError
-    from spantrain.runtime.prediction import run_calibration
-
-    try:
-        return run_calibration(path, emulated=emulated)
-    except SpecError as e:
-        raise SpecError(f"--calibration {e}") from None
-
-
-def _replanner(planner: str, cluster, workload, plan):
+def _replanner(planner: str, cluster, workload, plan, calibration):
     """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`."""
     from spantrain.policies.adapt import adapt_plan
     from spantrain.runtime.adapter import Decision
 
     # Decide once now, on the cluster as it is: loading the cost model's compiled kernels and the
     # policy takes seconds, which would otherwise pass at the first change while the workers train on.
-    adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner)
+    adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
 
     def replan(running, cluster, remaining: int) -> Decision:
-        a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner)
+        a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner,
+                       calibration=calibration)
         chosen = a.option(a.chosen)
         kept = a.option("keep") if any(o.name == "keep" for o in a.options) else None
         record = {**a.to_dict(), "iteration_s_kept": kept.iteration_s if kept else None,

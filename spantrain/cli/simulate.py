@@ -6,9 +6,11 @@ import argparse
 
 from spantrain._spec import readable
 from spantrain.cli._common import (
+    add_calibration_arg,
     add_cluster_arg,
     add_json_arg,
     add_model_args,
+    load_calibration,
     load_cluster,
     load_model,
     load_plan,
@@ -25,9 +27,7 @@ def register(p: argparse.ArgumentParser) -> None:
     add_json_arg(p)
     p.add_argument("--timeline", metavar="PNG",
                    help=f"also draw a Gantt chart of the iteration to this file ({', '.join(FIGURE_FORMATS)})")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="cost-model constants (YAML/JSON), e.g. examples/calibration/emulated-cpu.yaml for "
-                        "spantrain's runtime on the local emulated cluster (default: the built-in assumptions)")
+    add_calibration_arg(p, "for the prediction")
     p.set_defaults(func=run)
 
 
@@ -56,12 +56,8 @@ def run(args: argparse.Namespace) -> int:
         check_figure_path(args.timeline, "--timeline")
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
+    calibration = load_calibration(args.calibration)
     plan = load_plan(args.plan, cluster, workload)
-    calibration = None
-    if args.calibration:
-        from spantrain.env.calibration import Calibration
-
-        calibration = Calibration.from_file(args.calibration)
     model = CostModel(cluster, workload, calibration, memo=False)
     arrays = model.flatten(plan)  # raises PlanError naming every problem
     stage_out, pipe_out, scalars = model.evaluate(arrays)

@@ -11,7 +11,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.env.costmodel import estimate
 from spantrain.plan import Plan
-from spantrain.runtime.prediction import calibration_name, comparable, predicted_step_s, run_calibration
+from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
 from spantrain.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,11 +27,11 @@ def _inputs(layer_times: bool = False) -> tuple[Cluster, Workload, Plan]:
 
 
 def test_emulated_runs_default_to_the_profile_fitted_to_the_runtime():
-    shipped = run_calibration(None, emulated=True)
+    shipped = default_calibration(emulated=True)
     # the documented path is a link to the packaged profile, so the two cannot drift apart
     assert shipped == Calibration.from_file(ROOT / "examples" / "calibration" / "emulated-cpu.yaml")
     assert shipped.sync_overlap is False and shipped.op_overhead_flops > 0  # the runtime's way, fitted
-    assert run_calibration(None, emulated=False) is None  # a real cluster: the built-in constants
+    assert default_calibration(emulated=False) is None  # a real cluster: the built-in constants
     assert calibration_name(None, emulated=True) == EMULATED_CPU.name == "emulated-cpu.yaml"
     assert calibration_name(None, emulated=False) == "built-in constants"
 
@@ -40,8 +40,8 @@ def test_the_prediction_is_the_cost_models_estimate_with_the_runs_constants(tmp_
     cluster, workload, p = _inputs()
     mine = tmp_path / "mine.yaml"
     mine.write_text("op_overhead_s: 0.25\n")
-    cal = run_calibration(str(mine), emulated=True)  # a file given wins over the default
-    assert cal.op_overhead_s == 0.25 and calibration_name(str(mine), emulated=True) == "mine.yaml"
+    cal = Calibration.from_file(mine)
+    assert calibration_name(str(mine), emulated=True) == "mine.yaml"  # a file given wins over the default
     assert predicted_step_s(cluster, workload, p, cal) == pytest.approx(estimate(cluster, workload, p, cal).iteration_s)
     # the fixed 0.25 s per op is in it: 1f1b, 4 micro-batches, forward and backward on each of 2 stages
     assert predicted_step_s(cluster, workload, p, cal) > predicted_step_s(cluster, workload, p, None) + 8 * 0.25

@@ -414,3 +414,22 @@ def test_a_tracked_run_leaves_no_wandb_directories_in_tmpdir(tmp_path, emulate):
                      env={"TMPDIR": str(tmp_path / "tmp"), "WANDB_MODE": "offline"})
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (tmp_path / "tmp").rglob("*wandb*")] == []
+
+
+def test_run_plans_with_its_calibration(tmp_path):
+    from spantrain.cluster import Cluster
+    from spantrain.env.calibration import Calibration
+    from spantrain.policies.heuristic import HeuristicPlanner
+
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "cal.yaml").write_text("op_overhead_s: 0.05\n")  # every op costs: few micro-batches pay
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--planner", "heuristic",
+                                    "--steps", "1", "--run-dir", str(tmp_path / "r"), "--calibration",
+                                    str(tmp_path / "cal.yaml"), "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    spec = Cluster.from_file(cluster)
+    expected = HeuristicPlanner().plan(spec, workload(), Calibration(op_overhead_s=0.05))
+    assert res["plan"]["pipelines"] == expected.to_dict()["pipelines"]
+    assert res["plan"] != HeuristicPlanner().plan(spec, workload()).to_dict()  # the built-in constants' differs
+    assert res["predicted_step_s"] == pytest.approx(expected.predicted["iteration_s"])
