@@ -279,6 +279,10 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         print(f"train-policy: resuming {out} at PPO step {resumed.num_timesteps:,} (its last update)"
               + (f", W&B run {resumed.wandb_id}" if tracker.run_id and tracker.run_id == resumed.wandb_id else ""),
               file=sys.stderr)
+        if config.timesteps <= resumed.num_timesteps:  # (a finished run was refused: nothing would change)
+            print(f"train-policy: note: --timesteps {config.timesteps:,} is not above the {resumed.num_timesteps:,} "
+                  "steps the run has trained, so no PPO step follows: this finishes the run as it is (final "
+                  "evaluation and policy files); pass --timesteps above that to train it further", file=sys.stderr)
     if wandb_run:  # wandb itself is silenced: say where to follow the run
         print(f"train-policy: W&B run {wandb_run}", file=sys.stderr)
     # PPO's own diagnostics (losses, KL, clip fraction, fps) go to W&B; SB3's default
@@ -460,14 +464,15 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
-        tracker.log_table("eval/final", list(FINAL_EVAL_COLUMNS), final["rows"])
+        # at the run's last step: a resumed part's W&B history starts there, not at 0
+        tracker.log_table("eval/final", list(FINAL_EVAL_COLUMNS), final["rows"], step=model.num_timesteps)
         tracker.log_artifact(policy_path, name=POLICY_ARTIFACT, type="model",
                              aliases=["final"], metadata=meta["final_eval"])
         tracker.log_artifact(best["policy"], name=POLICY_ARTIFACT, type="model", aliases=["best"],
                              metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]})
         plot = _plot_curve(curve, out / "sample_efficiency.png")
         if plot:
-            tracker.log_image("eval/curve", plot)
+            tracker.log_image("eval/curve", plot, step=model.num_timesteps)
         tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
         tracker.finish()
     except KeyboardInterrupt as stop:

@@ -114,19 +114,22 @@ class Tracker:
             # with a step, wandb holds the row open until a later step (or the run's end) commits it
             self._open_step = step
 
-    def log_table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int | None = None) -> None:
+        """A table, at `step` when given: a resumed run's history starts past 0, and a row
+        logged below it is dropped when the run's parts are synced."""
         if self.run is not None:
             import wandb
 
-            self.run.log({key: wandb.Table(columns=columns, data=rows)})
-            self._open_step = None  # committed with it
+            self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+            self._open_step = step
 
-    def log_image(self, key: str, path: str | Path) -> None:
+    def log_image(self, key: str, path: str | Path, step: int | None = None) -> None:
+        """An image file, at `step` when given (as `log_table`)."""
         if self.run is not None and Path(path).exists():
             import wandb
 
-            self.run.log({key: wandb.Image(str(path))})
-            self._open_step = None
+            self.run.log({key: wandb.Image(str(path))}, step=step)
+            self._open_step = step
 
     def log_artifact(self, path: str | Path, *, name: str, type: str, aliases: list[str],
                      metadata: dict[str, Any] | None = None) -> None:

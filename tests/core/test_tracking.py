@@ -138,3 +138,30 @@ def test_wandbs_import_time_directories_go_with_a_process_that_skips_exit_handle
                           env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     assert proc.returncode == 0 and int(proc.stdout) >= 1, proc.stderr  # wandb made some: the test means something
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_tables_and_images_go_to_the_step_they_are_given(tmp_path, monkeypatch):
+    # a resumed run's offline part counts from 0: its final table landed at step 0, below the history it
+    # continues, and syncing drops such rows
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spantrain.tracking import Tracker
+
+    plt.plot([0, 1])
+    plt.savefig(tmp_path / "curve.png")
+    plt.close()
+    logged = []
+
+    class Run:
+        def log(self, metrics, step=None, commit=None):
+            logged.append((sorted(metrics), step))
+
+    tracker = Tracker(job_type="test", enabled=False)
+    tracker.run = Run()
+    tracker.log_table("eval/final", ["case"], [["a"]], step=1088)
+    tracker.log_image("eval/curve", tmp_path / "curve.png", step=1088)
+    tracker.log_table("t", ["case"], [["a"]])  # no step: wandb's own next one
+    assert logged == [(["eval/final"], 1088), (["eval/curve"], 1088), (["t"], None)]

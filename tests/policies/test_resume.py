@@ -201,6 +201,13 @@ def test_ctrl_c_during_an_update_keeps_the_state_of_the_update_before(run_cli, t
     assert saved.num_timesteps == 48 and saved.n_updates == 1
     for key, value in seen["before"].items():
         assert torch.equal(saved.policy[key], value), key
+    # asked for no more than it trained, the resumed run says so and finishes as it is (it ended silently)
+    monkeypatch.setattr(MaskablePPO, "train", real_train)
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "40", "--no-track")
+    assert code == 0, err
+    assert ("note: --timesteps 40 is not above the 48 steps the run has trained, so no PPO step follows: this "
+            "finishes the run as it is") in err, err
+    assert ResumeState.from_dir(run).finished and (run / "summary.json").exists()
 
 
 @pytest.mark.slow
