@@ -232,8 +232,13 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     env_cfg = config.env_config()
     eval_cfg = held_out_config(config)
     starts = HeuristicStarts(config.cache_dir)
-    missing = starts.prepare(scenario_pool(env_cfg) + scenario_pool(eval_cfg), workers=config.workers,
-                             progress=config.progress)
+    try:
+        missing = starts.prepare(scenario_pool(env_cfg) + scenario_pool(eval_cfg), workers=config.workers,
+                                 progress=config.progress)
+    except KeyboardInterrupt as stop:  # nothing trained yet: say what is kept and how to go on
+        raise KeyboardInterrupt(f"{_by(stop)}during the heuristic starts, before any training; the starts computed "
+                                f"so far stay cached in {starts.cache_dir}: the same command again continues from "
+                                "them") from None
     t_starts = (resumed.starts_s if resumed else 0.0) + time.perf_counter() - t_start
     eval_keys = scenario_pool(eval_cfg)
     eval_scenarios = _scenarios(eval_keys, starts) + _adaptation_scenarios(eval_keys, starts, eval_cfg)

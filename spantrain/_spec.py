@@ -172,9 +172,15 @@ def cannot_create(path: str | Path) -> tuple[Path, str] | None:
 
 
 def require_writable_dir(path: str | Path, option: str, error: type[Exception],
-                         fix: str = "pass a directory this run can write") -> None:
+                         fix: str = "pass a directory this run can write", *, create: bool = True) -> None:
     """Create the directory `path` (with its parents) and check a file can be written in it,
-    before any work: else `error` in one line naming `option` and `fix`."""
+    before any work: else `error` in one line naming `option` and `fix`. Without `create`, check
+    it could be made and written, creating nothing (a later refusal leaves no empty directory)."""
+    if not create:
+        problem = cannot_create(path)
+        if problem is not None:
+            raise error(f"{option} {path} cannot be written ({problem[1]}): {fix}")
+        return
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as e:

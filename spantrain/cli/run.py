@@ -235,7 +235,7 @@ def _check_checkpoint_dir(path: str, resume: bool) -> None:
     if latest is not None:
         raise ExecutionError(f"--checkpoint-dir {path} already holds the checkpoints of a run (latest: {latest.name}): "
                              "add --resume to continue it, or pass another directory to start anew")
-    require_writable_dir(path, "--checkpoint-dir", ExecutionError)
+    require_writable_dir(path, "--checkpoint-dir", ExecutionError, create=False)  # the run's lock makes it
 
 
 def _check_metrics_dir(path: str) -> None:
@@ -244,7 +244,21 @@ def _check_metrics_dir(path: str) -> None:
     from spantrain._spec import require_writable_dir
 
     require_writable_dir(Path(path).parent, f"--metrics {path}: its directory", ExecutionError,
-                         fix="pass a file path in a directory this run can write")
+                         fix="pass a file path in a directory this run can write", create=False)
+
+
+def _check_no_metrics(path: Path, flag: str, torchrun: bool) -> None:
+    """Refuse a new run whose metrics file holds another run's iterations: it appends (a resumed
+    run continues its run's file), so the two runs' records would mix in one file. A live run
+    there is named first (its lock; torchrun's processes take none)."""
+    if not torchrun:
+        from spantrain.runtime.launcher import refuse_held
+
+        refuse_held(path.parent, "--run-dir" if flag == "--run-dir" else f"--metrics {path}: its directory")
+    if path.is_file() and path.stat().st_size > 0:
+        where = f"--metrics {path}" if flag == "--metrics" else f"--run-dir {path.parent}"
+        raise ExecutionError(f"{where} holds another run's metrics ({path}): pass another {flag} (or remove that "
+                             "file), or add --resume to continue that run")
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
@@ -310,7 +324,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.rank_map:
         from spantrain.runtime.rankmap import ranks_from_file
 
-        ranks_from_file(args.rank_map, plan)
+        try:
+            ranks_from_file(args.rank_map, plan)
+        except ExecutionError as e:  # named by its flag, as --data and --calibration are
+            raise ExecutionError(f"--rank-map {e}") from None
     seed = args.seed
     if args.resume:
         state = resume_state(args.checkpoint_dir, workload, args.steps)
@@ -330,6 +347,10 @@ def _run(args: argparse.Namespace) -> int:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     if args.metrics:
         _check_metrics_dir(args.metrics)
+    run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
+    metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
+    if not args.resume:
+        _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir", torchrun)
 
     precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")
     if workload.precision == "fp16" and not args.precision:
@@ -352,13 +373,12 @@ def _run(args: argparse.Namespace) -> int:
         from spantrain.runtime.zb_order import run_orders
 
         zb_orders, zb_source = run_orders(cluster, workload, plan)
-    run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     model = args.model if not Path(args.model).exists() else str(Path(args.model).resolve())
     cfg = RunConfig(cluster_spec=cluster.to_spec(), model=model, global_batch=args.global_batch,
                     plan=plan.to_dict(), steps=args.steps, seed=seed,
                     optim=OptimConfig(lr=args.lr, weight_decay=args.weight_decay, eps=args.adam_eps),
                     data=str(Path(args.data).resolve()) if args.data else None, run_dir=str(run_dir),
-                    metrics_path=str(Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"),
+                    metrics_path=str(metrics_path),
                     checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
@@ -444,7 +464,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replanner(planner: str, cluster, workload, plan, calibration):
+def _replanner(planner: str, cluster, workload, plan, calibration=None):
     """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`."""
     from spantrain.policies.adapt import adapt_plan
     from spantrain.runtime.adapter import Decision

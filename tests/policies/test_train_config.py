@@ -357,3 +357,18 @@ def test_a_rollout_that_does_not_fit_in_memory_is_one_line(run_cli, tmp_path, mo
     assert err.strip().splitlines() == ["spantrain train-policy: error: PPO's rollout buffer and network do not fit in "
                                         "memory (--n-steps x --n-envs = 48 steps padded to --max-devices 6, --hidden "
                                         "16, --layers 1): lower one of them"], err
+
+
+def test_ctrl_c_during_the_heuristic_starts_says_what_is_kept(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies.starts import HeuristicStarts
+
+    def interrupted(self, keys, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(HeuristicStarts, "prepare", interrupted)
+    code, out, err = run_cli("train-policy", *TINY, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache")
+    # was "spantrain train-policy: interrupted", and the README promised more
+    assert code == 130 and out == "" and err.strip().splitlines() == [
+        "spantrain train-policy: interrupted during the heuristic starts, before any training; the starts computed so "
+        f"far stay cached in {tmp_path / 'cache'}: the same command again continues from them"], err

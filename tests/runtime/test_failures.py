@@ -83,13 +83,14 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
     (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file, not a directory"),
     (["--run-dir", "FILE"], "--run-dir FILE is a file, not a directory"),
     (["--data", "DIR"], "--data DIR is a directory"),
+    (["--rank-map", "NOMAP"], "--rank-map NOMAP: file not found"),  # was the path alone
     # found now, not when the first checkpoint is written (here: the end of the run)
     (["--checkpoint-dir", "NESTED"], "--checkpoint-dir NESTED cannot be written (Not a directory): pass a directory"),
     # a new run there would overwrite that run's checkpoints
     (["--checkpoint-dir", "CKPT"], "--checkpoint-dir CKPT already holds the checkpoints of a run (latest: "
                                    "step-00000004): add --resume to continue it, or pass another directory"),
     # rank 0 failed on it with "FileExistsError: [Errno 17] File exists" once the workers had started
-    (["--metrics", "NESTED"], "--metrics NESTED: its directory FILE cannot be written (File exists): pass a file "
+    (["--metrics", "NESTED"], "--metrics NESTED: its directory FILE cannot be written (Not a directory): pass a file "
                               "path in a directory this run can write"),
     # the "checkpoint: DIR/step-N" a run prints, passed back: found nothing to resume, or got written into
     (["--checkpoint-dir", "ONE", "--resume"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory: "
@@ -102,7 +103,7 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
 def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, extra, expected):
     places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json",
               "NESTED": tmp_path / "a-file" / "ckpt", "CKPT": tmp_path / "ckpt",
-              "ONE": tmp_path / "ckpt" / "step-00000004"}
+              "ONE": tmp_path / "ckpt" / "step-00000004", "NOMAP": tmp_path / "none.json"}
     places["FILE"].write_text("x")
     places["DIR"].mkdir()
     (places["CKPT"] / "step-00000004").mkdir(parents=True)
@@ -321,3 +322,23 @@ def test_a_run_starting_while_another_command_probes_the_lock_is_not_refused(tmp
     threading.Timer(0.03, os.close, (fd,)).start()
     with run_dir_lock(run):  # was refused, naming the finished run's pid as a live one
         assert (run / RUN_LOCK).read_text().strip() == str(os.getpid())
+
+
+def test_a_new_run_into_a_used_run_dir_is_refused_and_a_refused_run_creates_nothing(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')  # a finished run's iterations
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2")
+    # its records would have mixed with this run's in one file (a new run appends, as a resumed one must)
+    line = _one_error_line(*spantrain_here(*args, "--run-dir", str(run), "--checkpoint-dir", str(tmp_path / "ck")))
+    assert line == (f"spantrain run: error: --run-dir {run} holds another run's metrics ({run / 'metrics.jsonl'}): "
+                    "pass another --run-dir (or remove that file), or add --resume to continue that run")
+    line = _one_error_line(*spantrain_here(*args, "--run-dir", str(tmp_path / "other"), "--metrics",
+                                           str(run / "metrics.jsonl")))
+    assert line.startswith(f"spantrain run: error: --metrics {run / 'metrics.jsonl'} holds another run's metrics")
+    # refused after the directory checks: nothing made (an empty --checkpoint-dir was left behind)
+    line = _one_error_line(*spantrain_here(*args, "--run-dir", str(tmp_path / "r2"), "--checkpoint-dir",
+                                           str(tmp_path / "ck"), "--metrics", str(tmp_path / "m" / "m.jsonl"),
+                                           "--loss-scale", "100"))
+    assert "--loss-scale applies to fp16 training" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "model.json", "plan.json", "run"]

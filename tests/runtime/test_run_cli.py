@@ -224,6 +224,11 @@ def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_pa
     from spantrain.errors import ExecutionError
     from spantrain.runtime import launcher
 
+    # the holder gone, the directory is free: what now stops a new run there is the first run's records
+    code, _, err = spantrain_here(*second)
+    assert code == 2 and "holds another run's metrics" in err and "in use" not in err, err
+    (run_dir / "metrics.jsonl").unlink()
+
     def fail(cfg, **kw):
         raise ExecutionError("worker rank 0 failed")
 
