@@ -437,7 +437,9 @@ class PlanEnv(gym.Env):
         g[8 + (0 if cand.knobs.sync == "allreduce" else 1)] = 1.0
         g[10] = math.log2(cand.knobs.micro_batch_size) / 6
         g[11] = 1.0 - self.t / self.config.max_steps
-        g[12] = math.log(self._effective(cand) / self._start_eff)
+        eff = self._effective(cand)
+        # an infeasible plan (a running one the cluster no longer fits) has no throughput to compare
+        g[12] = math.log(eff / self._start_eff) if eff > 0 and self._start_eff > 0 else 0.0
         g[13] = len(layout) / 8
         g[14] = float(r.active.sum()) / len(s.cluster)
         g[15] = 1.0 if s.running else 0.0

@@ -61,7 +61,9 @@ class Option:
     """remaining steps x `iteration_s` + `migration_s` (`iteration_s` alone when a device left)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As JSON takes it: a plan that does not fit has no time (None, not inf)."""
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in dataclasses.asdict(self).items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,9 +144,10 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         recut = refine_cuts(ev, keep, cost=lambda c: H * c.time + env.migration_s(c))
         if recut is not keep:
             found["recut"] = recut
-        if ppo is not None and (planner == "ppo" or _loads(ppo)):
+        # the policy improves a plan that runs; one that no longer fits memory is re-planned instead
+        if keep.feasible and ppo is not None and (planner == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
-    if fresh_planner.name != "ppo" or missing:
+    if fresh_planner.name != "ppo" or missing or not keep.feasible:
         found[fresh_planner.name] = candidate_from_plan(ev, plan_with(fresh_planner, cluster, workload, calibration))
     options = []
     for name, cand in found.items():

@@ -212,8 +212,11 @@ def _print_adaptation(a, output: str | None) -> None:
         con.print("decision   plan afresh (devices left the cluster)")
     elif a.switch:
         keep, new = a.option("keep"), a.option(a.chosen)
-        con.print(f"decision   switch to the {a.chosen} plan: done {keep.total_s - new.total_s:.4g} s sooner, "
-                  "migration included")
+        if math.isfinite(keep.total_s):
+            con.print(f"decision   switch to the {a.chosen} plan: done {keep.total_s - new.total_s:.4g} s sooner, "
+                      "migration included")
+        else:
+            con.print(f"decision   switch to the {a.chosen} plan: the running plan no longer fits memory here")
         con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")
     else:
         con.print("decision   keep the running plan (nothing finishes sooner once migration is paid)")

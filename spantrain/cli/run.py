@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -478,7 +479,9 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None):
                        calibration=calibration)
         chosen = a.option(a.chosen)
         kept = a.option("keep") if any(o.name == "keep" for o in a.options) else None
-        record = {**a.to_dict(), "iteration_s_kept": kept.iteration_s if kept else None,
+        fits = kept is not None and math.isfinite(kept.iteration_s)
+        # None, not inf, for a running plan that no longer fits: the record is JSON and a W&B chart
+        record = {**a.to_dict(), "iteration_s_kept": kept.iteration_s if fits else None,
                   "iteration_s_new": chosen.iteration_s, "migration_s": chosen.migration_s}
         others = ", ".join(f"{o.name} {o.iteration_s:.3g} s" + (f" + {o.migration_s:.3g} s to move" if o.migration_s
                                                                     else "")
@@ -486,6 +489,9 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None):
         if a.missing:
             summary = (f"device(s) {', '.join(a.missing)} left the cluster: switching to the {a.chosen} plan "
                        f"({chosen.iteration_s:.3g} s/iteration)")
+        elif not fits:
+            summary = (f"the running plan no longer fits memory on the cluster as it is now: switching to the "
+                       f"{a.chosen} plan ({chosen.iteration_s:.3g} s/iteration + {chosen.migration_s:.3g} s to move)")
         elif a.switch:
             summary = (f"switching to the {a.chosen} plan: {chosen.iteration_s:.3g} s/iteration + "
                        f"{chosen.migration_s:.3g} s to move, over {remaining} iteration(s) left (others: {others})")

@@ -75,6 +75,20 @@ def test_departed_device_plans_afresh(running):
     a.plan.validate(after, W)
 
 
+@pytest.mark.parametrize("planner", ["auto", "ppo", "heuristic"])
+def test_a_running_plan_that_no_longer_fits_memory_is_replanned(running, planner):
+    # the case adapting is for: the policy's start had no throughput, and its log-ratio divided by zero
+    # (plan --from and a running --adapt job ended in a ZeroDivisionError traceback)
+    shrunk = region_cluster({"west": (4, 140, 1, 100), "east": (4, 140, 40, 100)}, 0.1, name="shrunk")
+    a = adapt_plan(shrunk, W, running, remaining_steps=500, planner=planner)
+    assert a.switch and a.option("keep").iteration_s == float("inf")
+    assert "ppo" not in [o.name for o in a.options] or planner == "ppo"  # no policy move from a plan that cannot run
+    a.plan.validate(shrunk, W)
+    from spantrain.env.costmodel import estimate
+
+    assert estimate(shrunk, W, a.plan).feasible
+
+
 def test_running_plan_that_does_not_match_the_workload(running):
     _, after = _clusters()
     with pytest.raises(PlanError, match="goes past the model's 14 layers"):

@@ -186,6 +186,17 @@ def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_lin
     assert len(moved.plan.devices) == 1 and moved.record["iteration_s_new"] < moved.record["iteration_s_kept"]
     left = replan(running, cluster.subset([d for d in cluster.ids if d != running.devices[0]]), 100)
     assert left.switch and f"device(s) {running.devices[0]} left the cluster" in left.summary
+    # the running plan's devices lose memory: a running --adapt job ended in a ZeroDivisionError traceback
+    spec["network"]["regions"]["r"]["gbps"] = 0.5
+    spec["devices"] = [{"id": "g", "count": 2, "region": "r", "tflops": 150, "memory_gb": 2},
+                       {"id": "h", "count": 4, "region": "r", "tflops": 150, "memory_gb": 40}]
+    shrunk = Cluster.from_spec(spec)
+    running = HeuristicPlanner().plan(Cluster.from_spec({**spec, "devices": [{**spec["devices"][0],
+                                                                              "memory_gb": 40}]}), gpt2_xl)
+    unfit = _replanner("auto", shrunk, gpt2_xl, running)(running, shrunk, 100)
+    assert unfit.switch and unfit.summary.startswith("the running plan no longer fits memory on the cluster as it "
+                                                     "is now: switching to the")
+    assert unfit.record["iteration_s_kept"] is None and json.dumps(unfit.record, allow_nan=False)
 
 
 def test_an_adapting_fp16_run_counts_the_skipped_updates_of_every_plan(tmp_path):
