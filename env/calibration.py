@@ -90,6 +90,10 @@ EMULATED_CPU = Path(__file__).resolve().parent / "profiles" / "emulated-cpu.yaml
 package; ``examples/calibration/emulated-cpu.yaml`` links to it)."""
 
 
+_DIVISORS = ("memory_bytes_per_flop",)
+"""Constants the model divides by: 0 is no figure for them."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     """The constants one `CostModel` uses; defaults are the module-level assumptions."""
@@ -147,6 +151,8 @@ class Calibration:
             elif not is_figure(value):
                 # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks
                 problems.append(f"{key} must be a number from 0 to {FIGURE_MAX:g}, {got(value)}")
+            elif key in _DIVISORS and value == 0:  # the optimizer's time divides by it
+                problems.append(f"{key} must be above 0 (a rate the model divides by), got 0")
             else:
                 values[key] = float(value)
         if problems:

@@ -29,6 +29,10 @@ FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 link or layer, yet narrow enough that unit conversions and the cost model's products stay
 finite (1e300 TFLOP/s is an infinite FLOP/s, 1e-307 TFLOP/s an infinite layer time)."""
 
+MAX_FILE_BYTES = 256 * 2**20
+"""Largest spec, plan, workload or calibration file read (a 4,096-device spec with measured
+layer times is a few MB): /dev/zero given as a file otherwise filled the memory."""
+
 # A number in exponent form that YAML 1.1 (PyYAML) reads as a string: no dot or an unsigned exponent.
 _EXP_NUMBER = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?[eE]([+-]?)(\d+)")
 
@@ -41,7 +45,15 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     if p.is_dir():
         raise error(f"{p}: is a directory, expected a file")
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:  # a bounded read: a device or pipe may never end
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise error(f"{p}: cannot be read ({e.strerror or e})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise error(f"{p}: larger than {MAX_FILE_BYTES // 2**20} MB, which no spec, plan or workload file is: pass "
+                    "the right file")
+    try:
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is no reason to refuse a file
     except UnicodeDecodeError:
         raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
     try:

@@ -448,6 +448,9 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     links: dict[tuple[str, str], NetLink] = {}
     default = None
     raw_overrides: list[tuple[str, Any]] = []
+    # region names other entries may use; None when network.regions itself is wrong (reported
+    # once, not again as an unknown region at every device and link)
+    known: set[str] | None = None
     if "network" in spec and not isinstance(net, dict):
         problems.append("network: expected a mapping with regions, links, default, overrides")
     elif isinstance(net, dict):
@@ -456,10 +459,17 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
         if not isinstance(raw_regions, dict) or not raw_regions:
             problems.append("network.regions: expected a non-empty mapping of region name to {gbps, latency_ms}")
         else:
+            known = set()
             for r, v in raw_regions.items():
+                if not isinstance(r, str):  # YAML reads `1:` as a number, which no device's region matches
+                    problems.append(f"network.regions: region name {r!r} must be a string (quote it: '{r}')")
+                    known = None
+                    continue
+                if known is not None:
+                    known.add(r)
                 link = _parse_link(v, f"network.regions.{r}", problems)
                 if link:
-                    regions[str(r)] = link
+                    regions[r] = link
         raw_links = net.get("links") or []
         if not isinstance(raw_links, list):
             problems.append("network.links: expected a list of {between: [a, b], gbps, latency_ms}")
@@ -472,7 +482,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                 problems.append(f"{where}: between must be a list of two region names")
                 continue
             for r in between:
-                if r not in raw_regions:
+                if known is not None and r not in known:
                     problems.append(f"{where}: unknown region {r!r} (not listed under network.regions)")
             if between[0] == between[1]:
                 problems.append(f"{where}: links join two different regions; set {between[0]!r} "
@@ -516,7 +526,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
         if "region" in entry and not isinstance(region, str):
             problems.append(f"{where}: region must be a string")
             region = None
-        elif isinstance(region, str) and region not in _raw_regions(net):
+        elif isinstance(region, str) and known is not None and region not in known:
             problems.append(f"{where}: unknown region {region!r} (not listed under network.regions)")
         tflops = positive_number(entry, "tflops", where, problems)
         mem = positive_number(entry, "memory_gb", where, problems)
@@ -599,7 +609,3 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     return cluster.with_arrays(bandwidth=bw, latency=lat)
 
 
-def _raw_regions(net: Any) -> dict:
-    if isinstance(net, dict) and isinstance(net.get("regions"), dict):
-        return net["regions"]
-    return {}

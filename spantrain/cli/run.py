@@ -244,6 +244,8 @@ def _check_metrics_dir(path: str) -> None:
     permission): rank 0 failed on it once every worker had started, with a bare OSError."""
     from spantrain._spec import require_writable_dir
 
+    if Path(path).exists() and not Path(path).is_file():  # the launcher reads it back: /dev/zero never ends
+        raise ExecutionError(f"--metrics {path} is not a regular file (a device or a pipe): pass a file path")
     require_writable_dir(Path(path).parent, f"--metrics {path}: its directory", ExecutionError,
                          fix="pass a file path in a directory this run can write", create=False)
 

@@ -224,3 +224,39 @@ def test_save_replaces_the_file_whole_or_not_at_all(tmp_path, demo_spec, monkeyp
     changed.save(path)
     assert Cluster.from_file(path).device("edge-0").tflops == 70
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
+@pytest.mark.parametrize("regions, message", [
+    (5, "network.regions: expected a non-empty mapping"),  # was a TypeError traceback, also in a running --adapt
+    ("cloud", "network.regions: expected a non-empty mapping"),
+    ([1, 2], "network.regions: expected a non-empty mapping"),
+])
+def test_a_wrong_regions_block_is_one_problem_not_a_cascade(demo_spec, regions, message):
+    demo_spec["network"]["regions"] = regions
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    # every device and link named its region "unknown" after the real problem
+    assert message in str(err.value) and "unknown region" not in str(err.value), str(err.value)
+
+
+def test_a_region_name_yaml_reads_as_a_number_is_named_as_such(demo_spec):
+    spec = yaml.safe_load("network:\n  regions:\n    1: {gbps: 10, latency_ms: 1}\n")
+    demo_spec["network"] = spec["network"]
+    for d in demo_spec["devices"]:
+        d["region"] = "1"
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    assert "network.regions: region name 1 must be a string (quote it: '1')" in str(err.value)
+    assert "unknown region" not in str(err.value)
+
+
+def test_a_file_that_never_ends_is_refused_and_a_byte_order_mark_is_read(tmp_path, monkeypatch, demo_spec):
+    from spantrain import _spec
+
+    monkeypatch.setattr(_spec, "MAX_FILE_BYTES", 4096)  # the real bound, 256 MB, takes a moment to fill
+    # /dev/zero (or any device or endless pipe) filled the memory until the kernel killed the process
+    with pytest.raises(SpecError, match=r"^/dev/zero: larger than 0 MB, which no spec, plan or workload file is"):
+        Cluster.from_file("/dev/zero")
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(demo_spec).encode())  # as some Windows editors save
+    assert len(Cluster.from_file(path)) == len(Cluster.from_spec(demo_spec))  # was "Unexpected UTF-8 BOM"

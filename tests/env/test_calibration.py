@@ -31,8 +31,8 @@ def test_the_emulated_cpu_profile_loads():
 
 def test_calibration_files_report_every_problem(tmp_path):
     path = tmp_path / "cal.yaml"
-    path.write_text("calibration: {op_overhead_s: -1, message_overhead_s: 1.0e+308, sync_overlap: 3, bogus: 1}\n"
-                    "note: anything\n")
+    path.write_text("calibration: {op_overhead_s: -1, message_overhead_s: 1.0e+308, sync_overlap: 3, bogus: 1, "
+                    "memory_bytes_per_flop: 0}\nnote: anything\n")
     with pytest.raises(SpecError) as e:
         Calibration.from_file(path)
     msg = str(e.value)
@@ -41,6 +41,7 @@ def test_calibration_files_report_every_problem(tmp_path):
     # past 1e30 the kernels' sums overflowed and `simulate` died in "pipeline order deadlocks"
     assert "message_overhead_s must be a number from 0 to 1e+30, got 1e+308" in msg
     assert "unknown constant 'bogus'" in msg
+    assert "memory_bytes_per_flop must be above 0 (a rate the model divides by), got 0" in msg  # ZeroDivisionError
     with pytest.raises(SpecError, match="file not found"):
         Calibration.from_file(tmp_path / "missing.yaml")
     assert Calibration.from_dict({"grad_bytes_per_param": None}) == Calibration()

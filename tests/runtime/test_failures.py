@@ -84,6 +84,8 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
     (["--run-dir", "FILE"], "--run-dir FILE is a file, not a directory"),
     (["--data", "DIR"], "--data DIR is a directory"),
     (["--rank-map", "NOMAP"], "--rank-map NOMAP: file not found"),  # was the path alone
+    # the launcher read it back to its end: all memory, then the kernel's OOM kill
+    (["--metrics", "/dev/zero"], "--metrics /dev/zero is not a regular file (a device or a pipe): pass a file path"),
     # found now, not when the first checkpoint is written (here: the end of the run)
     (["--checkpoint-dir", "NESTED"], "--checkpoint-dir NESTED cannot be written (Not a directory): pass a directory"),
     # a new run there would overwrite that run's checkpoints
