@@ -102,6 +102,23 @@ def _choose_shape(workload: Workload, micro_batch: int, rate: float, budget_s: f
             seq = max(_MIN_SEQ, seq // 2)
 
 
+def _check_layers_fit(torch, workload: Workload, indices: tuple[int, ...], device, dtype) -> None:
+    """`WorkloadError` when a layer to time cannot be held with its gradients on `device`: torch's
+    allocator failed with a traceback asking for terabytes."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    size = torch.tensor([], dtype=dtype).element_size()
+    for i in sorted(set(indices)):
+        need = 2 * workload.layers[i].params * size  # weights and their gradients, activations aside
+        if need > free:
+            raise WorkloadError(f"layer {i} of {workload.name} has {workload.layers[i].params:,} parameters "
+                                f"({need / 2**30:,.1f} GB with their gradients), more than this device has free "
+                                f"({free / 2**30:,.1f} GB): it cannot be timed here; profile a model whose layers "
+                                "fit (--model)")
+
+
 def _sync(torch, device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -177,6 +194,7 @@ def measure_compute(workload: Workload, *, micro_batch: int | None = None, budge
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
     torch.manual_seed(0)
 
+    _check_layers_fit(torch, workload, (0, 1, workload.num_layers - 1), device, dtype)
     t_start = time.perf_counter()
     rate = _probe_flops_per_s(torch, device, dtype)
     batch, seq = _choose_shape(workload, mb, rate, budget_s)

@@ -91,6 +91,18 @@ def test_assemble_builds_regions_links_and_overrides():
     assert [g["devices"] for g in doc["groups"]] == [["d0", "d1", "d2"], ["d3"]]
 
 
+def test_a_layer_too_large_to_hold_is_refused_before_torch_tries():
+    from spantrain.errors import WorkloadError
+
+    arch = {"family": "gpt2", "vocab_size": 256, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 10**12,
+            "max_seq_len": 32}
+    w = Workload.from_spec({"name": "huge-mlp", "global_batch": 8, "seq_len": 32, "architecture": arch}, "w")
+    # torch's allocator failed with a traceback asking for terabytes
+    with pytest.raises(WorkloadError, match=r"^layer 1 of huge-mlp has [\d,]+ parameters \([\d,.]+ GB with their "
+                                            r"gradients\), more than this device has free"):
+        compute.measure_compute(w, micro_batch=2, budget_s=1.0)
+
+
 def test_compute_times_every_layer_of_the_workload():
     w = Workload.from_preset("tiny-gpt")
     cp = compute.measure_compute(w, micro_batch=2, budget_s=1.0)
