@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from spantrain._spec import FIGURE_MAX, got, is_figure
-from spantrain.errors import SpecError
+from spantrain.errors import SpecError, join_problems
 
 __all__ = [
     "OP_OVERHEAD_S",
@@ -156,7 +156,7 @@ class Calibration:
             else:
                 values[key] = float(value)
         if problems:
-            raise SpecError(f"{source}: " + "; ".join(problems))
+            raise SpecError(f"{source}: " + join_problems(problems))
         return cls(**values)
 
     @classmethod

@@ -23,7 +23,7 @@ from typing import Any
 
 from spantrain._spec import plural, read_structured
 from spantrain.cluster import Cluster
-from spantrain.errors import ExecutionError
+from spantrain.errors import ExecutionError, join_problems
 from spantrain.plan import Plan
 
 __all__ = ["Role", "Layout", "plan_order_ranks", "ranks_from_file", "ranks_from_records", "resolve_ranks",
@@ -134,7 +134,7 @@ def ranks_from_records(plan: Plan, cluster: Cluster, records: Sequence[tuple[str
         else:
             mapping[d] = hits[0]
     if problems:
-        raise ExecutionError("cannot map plan devices to ranks: " + "; ".join(problems))
+        raise ExecutionError("cannot map plan devices to ranks: " + join_problems(problems))
     _check_bijection(mapping, len(plan.devices), "host/local_rank records")
     return mapping
 

@@ -37,7 +37,7 @@ from spantrain._spec import (
     read_structured,
     write_text_atomic,
 )
-from spantrain.errors import SpecError
+from spantrain.errors import SpecError, join_problems
 
 __all__ = ["GBPS", "MAX_DEVICES", "LayerTimes", "Device", "NetLink", "Network", "Cluster"]
 
@@ -149,7 +149,7 @@ class Cluster:
         self.network = network
         problems = _check_devices(self.devices, network)
         if problems:
-            raise SpecError(f"cluster {name!r}: " + "; ".join(problems))
+            raise SpecError(f"cluster {name!r}: " + join_problems(problems))
         self._index = {d.id: i for i, d in enumerate(self.devices)}
         base_bw, base_lat = self._network_arrays()
         self.bandwidth = base_bw if bandwidth is None else _checked_array(bandwidth, "bandwidth", len(self))
@@ -594,7 +594,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             pair_overrides.append((pair[0], pair[1], link, directed))
 
     if problems:
-        raise SpecError(f"{source}: " + "; ".join(problems))
+        raise SpecError(f"{source}: " + join_problems(problems))
 
     cluster = Cluster(name=name, devices=devices, network=Network(regions=regions, links=links, default=default))
     if not pair_overrides:

@@ -16,7 +16,18 @@ __all__ = [
     "ExecutionError",
     "EmulationError",
     "PolicyError",
+    "join_problems",
+    "MAX_PROBLEMS_SHOWN",
 ]
+
+MAX_PROBLEMS_SHOWN = 20
+"""Problems one error line lists (a spec of 100,000 bad devices made a 20 MB line)."""
+
+
+def join_problems(problems: list[str]) -> str:
+    """Every problem, up to `MAX_PROBLEMS_SHOWN`, and how many more there are."""
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return "; ".join(problems[:MAX_PROBLEMS_SHOWN]) + (f"; ... and {more} more" if more > 0 else "")
 
 
 class SpantrainError(Exception):
@@ -36,7 +47,7 @@ class PlanError(SpantrainError):
 
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("; ".join(self.problems))
+        super().__init__(join_problems(self.problems))
 
 
 class InfeasibleError(SpantrainError):

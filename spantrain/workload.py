@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from spantrain._spec import check_keys, got, nonempty_str, nonneg_number, positive_int, read_structured
-from spantrain.errors import WorkloadError
+from spantrain.errors import WorkloadError, join_problems
 
 __all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "MAX_LAYERS",
            "load_workload"]
@@ -346,7 +346,7 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     if ("architecture" in spec) == ("layers" in spec):
         problems.append(f"{source}: give exactly one of 'architecture' or 'layers'")
     if problems:
-        raise WorkloadError("; ".join(problems))
+        raise WorkloadError(join_problems(problems))
     if "architecture" in spec:
         raw = spec["architecture"]
         if not isinstance(raw, dict):
@@ -355,7 +355,7 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         check_keys(raw, {f.name for f in fields}, {f.name for f in fields if f.default is dataclasses.MISSING},
                    f"{source}: architecture", problems)
         if problems:
-            raise WorkloadError("; ".join(problems))
+            raise WorkloadError(join_problems(problems))
         try:
             arch = Architecture(**raw)
         except WorkloadError as e:
@@ -369,7 +369,7 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     if len(layers) > MAX_LAYERS:
         problems.append(f"{source}: {len(layers)} layers, at most {MAX_LAYERS} are supported")
     if problems:
-        raise WorkloadError("; ".join(problems))
+        raise WorkloadError(join_problems(problems))
     return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
 
 

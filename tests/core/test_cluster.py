@@ -260,3 +260,14 @@ def test_a_file_that_never_ends_is_refused_and_a_byte_order_mark_is_read(tmp_pat
     path = tmp_path / "bom.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(demo_spec).encode())  # as some Windows editors save
     assert len(Cluster.from_file(path)) == len(Cluster.from_spec(demo_spec))  # was "Unexpected UTF-8 BOM"
+
+
+def test_an_error_line_lists_twenty_problems_and_counts_the_rest(demo_spec):
+    from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError
+
+    demo_spec["devices"] = [{"id": f"d{k}", "region": "nowhere", "tflops": 1, "memory_gb": 1} for k in range(500)]
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec)
+    assert str(err.value).count("unknown region 'nowhere'") == MAX_PROBLEMS_SHOWN == 20
+    assert re.search(r"; \.\.\. and 4[89]\d more$", str(err.value))  # 480 devices, and the links to them
+    assert str(PlanError(["a", "b"])) == "a; b" and PlanError(["x"] * 21).problems == ["x"] * 21  # all kept
