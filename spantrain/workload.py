@@ -236,6 +236,8 @@ def load_workload(model: str, *, global_batch: int | None = None) -> Workload:
     """A preset by name, or a workload YAML/JSON file by path (what ``--model`` accepts)."""
     if model in PRESETS:
         return Workload.from_preset(model, global_batch=global_batch)
+    if not model.strip():  # Path("") is the current directory: "is a directory" named nothing the user gave
+        raise WorkloadError(f"the model name is empty: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
     path = Path(model)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         w = Workload.from_file(path)

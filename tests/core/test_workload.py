@@ -49,6 +49,9 @@ def test_global_batch_override_and_unknown_model():
     assert load_workload("gpt2-small", global_batch=8).global_batch == 8
     with pytest.raises(WorkloadError, match="unknown model 'gpt5'"):
         load_workload("gpt5")
+    for empty in ("", "  "):  # was ".: is a directory, expected a file"
+        with pytest.raises(WorkloadError, match=r"^the model name is empty: use a preset"):
+            load_workload(empty)
 
 
 def test_yaml_forms(tmp_path):
