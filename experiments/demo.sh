@@ -33,7 +33,7 @@ step "6. Every planner side by side"
 spantrain compare --cluster "$OUT/cluster.yaml" --model gpt2-medium --planners ddp,gpipe,megatron,heuristic,auto
 
 step "7. Train tiny-gpt for real on the DESIGN.md cluster (one process per planned device)"
-rm -rf "$OUT/ckpt"  # a fresh run refuses a checkpoint directory holding a run (an earlier demo's)
+rm -rf "$OUT/ckpt" "$OUT/run"  # a fresh run refuses directories holding a run's checkpoints or metrics (an earlier demo's)
 spantrain run --cluster examples/cee-demo.yaml --model tiny-gpt --planner heuristic --steps 20 \
   --checkpoint-dir "$OUT/ckpt" --run-dir "$OUT/run"
 
