@@ -60,6 +60,7 @@ __all__ = [
     "RESERVED_BYTES",
     "Calibration",
     "EMULATED_CPU",
+    "SHIPPED_PROFILES",
     "C_OP", "C_MSG", "C_STATE", "C_GRAD", "C_OPT", "C_MEMBW", "C_RESERVED", "C_OPF", "C_ITF", "C_OVERLAP", "C_LSGD",
     "C_SPB", "C_SPW",
 ]
@@ -88,6 +89,9 @@ fragmentation). 0 until measured: memory estimates are for the training state al
 EMULATED_CPU = Path(__file__).resolve().parent / "profiles" / "emulated-cpu.yaml"
 """The profile fitted to spantrain's runtime on the local emulated cluster (shipped in the
 package; ``examples/calibration/emulated-cpu.yaml`` links to it)."""
+
+SHIPPED_PROFILES = {"emulated-cpu": EMULATED_CPU}
+"""Profiles a ``--calibration`` may name instead of a file (an installed package has no examples/)."""
 
 
 _DIVISORS = ("memory_bytes_per_flop",)
@@ -161,7 +165,10 @@ class Calibration:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Calibration:
-        """A calibration profile (YAML or JSON), e.g. ``examples/calibration/emulated-cpu.yaml``."""
+        """A calibration profile (YAML or JSON), e.g. ``examples/calibration/emulated-cpu.yaml``,
+        or the name of a shipped one (`SHIPPED_PROFILES`) when no such file exists."""
+        if str(path) in SHIPPED_PROFILES and not Path(path).exists():
+            path = SHIPPED_PROFILES[str(path)]
         from spantrain._spec import read_structured
 
         return cls.from_dict(read_structured(path, SpecError), str(path))

@@ -40,17 +40,19 @@ def add_calibration_arg(p: argparse.ArgumentParser, what: str,
                                        "sync with the backward pass") -> None:
     p.add_argument("--calibration", metavar="FILE",
                    help=f"cost-model constants (YAML/JSON) {what}: a profile of the executor that will run the plan, "
-                        f"e.g. examples/calibration/emulated-cpu.yaml for spantrain's runtime on the local emulated "
+                        f"or the name of a shipped one: emulated-cpu, spantrain's runtime on the local emulated "
                         f"cluster (default: {default})")
 
 
 def load_calibration(path: str | None):
     """`--calibration`'s constants (a bad file named by the flag), or None for the built-in ones."""
-    from spantrain.env.calibration import Calibration
+    from spantrain.env.calibration import SHIPPED_PROFILES, Calibration
     from spantrain.errors import SpecError
 
     if path is None:
         return None
+    if not Path(path).exists() and path not in SHIPPED_PROFILES:
+        raise SpecError(f"--calibration {path}: no such file, nor a shipped profile ({', '.join(SHIPPED_PROFILES)})")
     try:
         return Calibration.from_file(path)
     except SpecError as e:

@@ -122,8 +122,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    "ppo, heuristic or any planner of `spantrain compare`")
     add_calibration_arg(p, "for --planner's and --adapt's plans and the run's predicted s/iteration (reported "
                         "beside the measured one)",
-                        default="with --emulate the profile fitted to it, examples/calibration/emulated-cpu.yaml; "
-                                "otherwise the built-in constants")
+                        default="with --emulate emulated-cpu; otherwise the built-in constants")
     add_json_arg(p)
     p.set_defaults(func=_run)
 

@@ -101,3 +101,17 @@ def test_a_bad_calibration_is_one_line_naming_the_flag(run_cli, tmp_path, comman
     code, out, err = run_cli(command, "--cluster", CLUSTER, "--model", "tiny-gpt", "--calibration", bad, *extra)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert f"--calibration {bad}: sync_overlap must be true or false, got 'sometimes'" in err
+
+
+def test_the_shipped_profile_is_named_without_a_path(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an installed package has no examples/ beside the user
+    by_name = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--planner", "heuristic",
+                      "--calibration", "emulated-cpu", "--json")
+    by_path = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--planner", "heuristic",
+                      "--calibration", EMULATED_CPU, "--json")
+    assert by_name[0] == by_path[0] == 0, by_name[2]
+    assert json.loads(by_name[1])["plan"] == json.loads(by_path[1])["plan"]
+    code, out, err = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--calibration", "emulated")
+    assert out == ""
+    assert code == 2 and err.strip() == ("spantrain plan: error: --calibration emulated: no such file, nor a shipped "
+                                         "profile (emulated-cpu)"), err
