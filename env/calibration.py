@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from spantrain._spec import FIGURE_MAX, got, is_figure
+from spantrain._spec import FIGURE_MAX, FIGURE_MIN, got, is_figure
 from spantrain.errors import SpecError, join_problems
 
 __all__ = [
@@ -155,8 +155,9 @@ class Calibration:
             elif not is_figure(value):
                 # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks
                 problems.append(f"{key} must be a number from 0 to {FIGURE_MAX:g}, {got(value)}")
-            elif key in _DIVISORS and value == 0:  # the optimizer's time divides by it
-                problems.append(f"{key} must be above 0 (a rate the model divides by), got 0")
+            elif key in _DIVISORS and value < FIGURE_MIN:  # the optimizer's time divides by it: 5e-324 overflows
+                problems.append(f"{key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g} (a rate the model divides "
+                                f"by), {got(value)}")
             else:
                 values[key] = float(value)
         if problems:

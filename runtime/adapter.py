@@ -239,8 +239,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             except SpantrainError as e:
                 raise ExecutionError(f"the new plan cannot run ({e}); the last checkpoint is "
                                      f"{result['checkpoint']} (continue with --resume)") from None
-            orders, source = run_orders(cluster, workload, plan)
             calibration = Calibration.from_dict(cfg.calibration) if cfg.calibration is not None else None
+            orders, source = run_orders(cluster, workload, plan, calibration)
             cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),
                                       resume=result["checkpoint"] is not None, rank_map=None, zb_orders=orders,
                                       zb_order_source=source, adaptation=adapter.records[-1],

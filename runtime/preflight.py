@@ -53,7 +53,8 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def check_memory(cluster: Cluster, workload: Workload, plan: Plan, *, on_this_machine: bool) -> str | None:
+def check_memory(cluster: Cluster, workload: Workload, plan: Plan, *, on_this_machine: bool,
+                 calibration: Any = None) -> str | None:
     """The cost model's memory verdict on a plan, before any process starts.
 
     A plan the model says does not fit its devices gets a note (returned), not a refusal:
@@ -65,7 +66,7 @@ def check_memory(cluster: Cluster, workload: Workload, plan: Plan, *, on_this_ma
     from spantrain.env.costmodel import CostModel
     from spantrain.estimate import fmt_memory
 
-    est = CostModel(cluster, workload).estimate(plan)
+    est = CostModel(cluster, workload, calibration).estimate(plan)  # the constants the run planned with
     if on_this_machine:
         need = sum(est.peak_memory_gb.values()) * 1e9
         have = available_memory_bytes()

@@ -163,12 +163,14 @@ def flop_stage_times(cluster: Any, workload: Any, plan: Any, pipeline: int
     return f, b, w
 
 
-def all_pipeline_orders(cluster: Any, workload: Any, plan: Any) -> list[tuple[list[list[Op]], str]]:
+def all_pipeline_orders(cluster: Any, workload: Any, plan: Any,
+                        calibration: Any = None) -> list[tuple[list[list[Op]], str]]:
     """(orders, source) for every pipeline of a zero-bubble `plan`, preferring the cost model's own.
 
     `CostModel.stage_orders(plan)` times the ops and links exactly as the cost model's
-    prediction did, so the runtime then executes the very order that was costed. Without
-    the cost model, `stage_orders` with FLOP-based stage times.
+    prediction did (with the run's `calibration`: its split and per-op costs change the
+    order), so the runtime then executes the very order that was costed. Without the cost
+    model, `stage_orders` with FLOP-based stage times.
     """
     try:
         from spantrain.env.costmodel import CostModel
@@ -179,18 +181,19 @@ def all_pipeline_orders(cluster: Any, workload: Any, plan: Any) -> list[tuple[li
             out.append(stage_orders(plan.schedule, len(p.stages), p.num_micro_batches, f, b, w))
         return out
     source = "spantrain.env.costmodel"
-    orders = CostModel(cluster, workload).stage_orders(plan)
+    orders = CostModel(cluster, workload, calibration).stage_orders(plan)
     return [(check_orders(o, len(p.stages), p.num_micro_batches, source), source)
             for o, p in zip(orders, plan.pipelines)]
 
 
-def run_orders(cluster: Any, workload: Any, plan: Any) -> tuple[list[list[list[list[Any]]]] | None, str | None]:
+def run_orders(cluster: Any, workload: Any, plan: Any,
+               calibration: Any = None) -> tuple[list[list[list[list[Any]]]] | None, str | None]:
     """`RunConfig.zb_orders` and `zb_order_source` for `plan`: computed once before launch (the cost
     model's order generator compiles on first use, which every worker would pay); (None, None)
     for schedules that need no order."""
     if not plan.schedule.startswith("zb-"):
         return None, None
-    computed = all_pipeline_orders(cluster, workload, plan)
+    computed = all_pipeline_orders(cluster, workload, plan, calibration)
     return [[[list(op) for op in stage] for stage in orders] for orders, _ in computed], computed[0][1]
 
 

@@ -462,7 +462,9 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             known = set()
             for r, v in raw_regions.items():
                 if not isinstance(r, str):  # YAML reads `1:` as a number, which no device's region matches
-                    problems.append(f"network.regions: region name {r!r} must be a string (quote it: '{r}')")
+                    hint = (f"quote it: '{r}'" if isinstance(r, int | float) and not isinstance(r, bool) else
+                            "YAML reads yes, no, on, off, true, false and null unquoted as such: quote the name")
+                    problems.append(f"network.regions: region name {r!r} must be a string ({hint})")
                     known = None
                     continue
                 if known is not None:

@@ -51,6 +51,9 @@ def load_calibration(path: str | None):
 
     if path is None:
         return None
+    if not path.strip():  # Path("") is the current directory: "is a directory" named nothing the user gave
+        raise SpecError(f"--calibration is empty: pass a profile file or a shipped profile's name "
+                        f"({', '.join(SHIPPED_PROFILES)})")
     if not Path(path).exists() and path not in SHIPPED_PROFILES:
         raise SpecError(f"--calibration {path}: no such file, nor a shipped profile ({', '.join(SHIPPED_PROFILES)})")
     try:

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"planners": rows, "cluster": cluster.name, "model": workload.name, "devices": len(cluster),
                     "calibration": args.calibration})
         return 0
-    _print_human(cluster, workload, rows)
+    _print_human(cluster, workload, rows, args.calibration)
     return 0
 
 
@@ -92,12 +92,13 @@ def _own_advice(name: str, reason: str) -> str:
     return _PLAN_ADVICE.sub(f"leave {name} out of --planners", reason)
 
 
-def _print_human(cluster, workload, rows) -> None:
+def _print_human(cluster, workload, rows, calibration: str | None = None) -> None:
     from rich.table import Table
 
     con = stdout_console()
     t = Table(title=f"{workload.name} on {cluster.name} ({plural(len(cluster), 'device')}), "
-                    f"global batch {workload.global_batch}",
+                    f"global batch {workload.global_batch}"
+                    + (f", cost-model constants {calibration}" if calibration is not None else ""),
               title_justify="left")
     for col in ("planner", "samples/s", "iteration s", "vs ddp", "feasible", "plan s"):
         t.add_column(col, justify="left" if col == "planner" else "right")

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if adaptation is not None:
         _print_adaptation(adaptation, args.output)
         label = adaptation.chosen  # "keep plan for ...", "heuristic plan for ..."
-    _print_human(cluster, workload, plan, est, model, label, plan_s, load_s, args.output)
+    _print_human(cluster, workload, plan, est, model, label, plan_s, load_s, args.output, args.calibration)
     return 0
 
 
@@ -222,7 +222,8 @@ def _print_adaptation(a, output: str | None) -> None:
         con.print("decision   keep the running plan (nothing finishes sooner once migration is paid)")
 
 
-def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, output) -> None:
+def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, output,
+                 calibration: str | None = None) -> None:
     from rich.table import Table
 
     con = stdout_console()
@@ -262,5 +263,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
         con.print(f"throughput {est.samples_per_s:.4g} samples/s")
     else:
         con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+    if calibration is not None:
+        con.print(f"constants  {calibration} (the figures above and the planner's choice)")
     if output:
         con.print(f"written    {output}")

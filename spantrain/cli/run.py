@@ -249,18 +249,18 @@ def _check_metrics_dir(path: str) -> None:
                          fix="pass a file path in a directory this run can write", create=False)
 
 
-def _check_no_metrics(path: Path, flag: str, torchrun: bool) -> None:
+def _check_no_metrics(path: Path, flag: str) -> None:
     """Refuse a new run whose metrics file holds another run's iterations: it appends (a resumed
     run continues its run's file), so the two runs' records would mix in one file. A live run
-    there is named first (its lock; torchrun's processes take none)."""
-    if not torchrun:
-        from spantrain.runtime.launcher import refuse_held
+    there is named first (its lock). (A --checkpoint-dir holding checkpoints was refused before,
+    with --resume as the way on.)"""
+    from spantrain.runtime.launcher import refuse_held
 
-        refuse_held(path.parent, "--run-dir" if flag == "--run-dir" else f"--metrics {path}: its directory")
+    refuse_held(path.parent, "--run-dir" if flag == "--run-dir" else f"--metrics {path}: its directory")
     if path.is_file() and path.stat().st_size > 0:
         where = f"--metrics {path}" if flag == "--metrics" else f"--run-dir {path.parent}"
         raise ExecutionError(f"{where} holds another run's metrics ({path}): pass another {flag} (or remove that "
-                             "file), or add --resume to continue that run")
+                             "file), or continue that run with --resume and the --checkpoint-dir it wrote")
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
@@ -295,6 +295,16 @@ def _check_network(path: str, emulate: bool, plan) -> None:
                         "devices of --cluster that the plan uses")
 
 
+def run_where(emulate: bool, torchrun: bool) -> str:
+    """Where a run's devices are: ``emulated`` (``--emulate``, or `spantrain emulate -- spantrain run`,
+    whose processes run under torchrun's variables), ``torchrun`` (real devices) or ``local``."""
+    from spantrain.runtime.emulator.latency import ENV_VAR
+
+    if emulate or os.environ.get(ENV_VAR):
+        return "emulated"
+    return "torchrun" if torchrun else "local"
+
+
 def _default_run_dir(torchrun: bool) -> str:
     if torchrun:  # every process of the job must agree on it
         return f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', os.environ.get('MASTER_PORT', 'job'))}"
@@ -302,6 +312,7 @@ def _default_run_dir(torchrun: bool) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from spantrain.runtime.checkpoint import latest_checkpoint
     from spantrain.runtime.config import OptimConfig, RunConfig
     from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
     from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
@@ -314,13 +325,16 @@ def _run(args: argparse.Namespace) -> int:
         wandb_mode()  # a WANDB_MODE wandb does not know fails now, not in rank 0 once every worker started
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
-    calibration = load_calibration(args.calibration) if args.calibration else default_calibration(args.emulate)
+    torchrun = under_torchrun()
+    where = run_where(args.emulate, torchrun)
+    emulated = where == "emulated"
+    calibration = (load_calibration(args.calibration) if args.calibration is not None
+                   else default_calibration(emulated))
     plan = _make_plan(args, cluster, workload, calibration)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
     if args.emulate_network:
         _check_network(args.emulate_network, args.emulate, plan)
-    torchrun = under_torchrun()
-    note = check_memory(cluster, workload, plan, on_this_machine=not torchrun)
+    note = check_memory(cluster, workload, plan, on_this_machine=not torchrun, calibration=calibration)
     if note:
         _note(note)
     if args.rank_map:
@@ -351,8 +365,8 @@ def _run(args: argparse.Namespace) -> int:
         _check_metrics_dir(args.metrics)
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
-    if not args.resume:
-        _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir", torchrun)
+    if not args.resume and not torchrun:  # torchrun restarts a failed job's processes as they were started
+        _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
 
     precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")
     if workload.precision == "fp16" and not args.precision:
@@ -374,7 +388,7 @@ def _run(args: argparse.Namespace) -> int:
     if not torchrun:
         from spantrain.runtime.zb_order import run_orders
 
-        zb_orders, zb_source = run_orders(cluster, workload, plan)
+        zb_orders, zb_source = run_orders(cluster, workload, plan, calibration)
     model = args.model if not Path(args.model).exists() else str(Path(args.model).resolve())
     cfg = RunConfig(cluster_spec=cluster.to_spec(), model=model, global_batch=args.global_batch,
                     plan=plan.to_dict(), steps=args.steps, seed=seed,
@@ -390,9 +404,8 @@ def _run(args: argparse.Namespace) -> int:
                     measure_links=args.measure_links if args.measure_links is not None else args.adapt,
                     calibration=calibration.to_dict() if calibration is not None else None,
                     predicted_step_s=predicted_step_s(cluster, workload, plan, calibration))
-    prediction = {"prediction_calibration": calibration_name(args.calibration, emulated=args.emulate),
-                  "prediction_comparable": comparable(cluster, workload, plan, where="torchrun" if torchrun else
-                                                      "emulated" if args.emulate else "local")}
+    prediction = {"prediction_calibration": calibration_name(args.calibration, emulated=emulated),
+                  "prediction_comparable": comparable(cluster, workload, plan, where=where)}
 
     if torchrun:
         result = _run_torchrun(cfg)
@@ -452,8 +465,6 @@ def _run(args: argparse.Namespace) -> int:
                     _report(json.loads(partial.read_text()), args.json, args.lr)
                     raise
                 # Killed before they got there (Ctrl-C twice): what is left to continue from.
-                from spantrain.runtime.checkpoint import latest_checkpoint
-
                 latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
                 raise KeyboardInterrupt(f"{e}{' ' if str(e) else ''}before the workers finished; " + (
                     f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written")
@@ -473,7 +484,8 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None):
 
     # Decide once now, on the cluster as it is: loading the cost model's compiled kernels and the
     # policy takes seconds, which would otherwise pass at the first change while the workers train on.
-    adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
+    with contextlib.suppress(SpantrainError):  # only the loading matters here; a plan that fails is the run's
+        adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
 
     def replan(running, cluster, remaining: int) -> Decision:
         a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner,

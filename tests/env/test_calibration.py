@@ -41,7 +41,7 @@ def test_calibration_files_report_every_problem(tmp_path):
     # past 1e30 the kernels' sums overflowed and `simulate` died in "pipeline order deadlocks"
     assert "message_overhead_s must be a number from 0 to 1e+30, got 1e+308" in msg
     assert "unknown constant 'bogus'" in msg
-    assert "memory_bytes_per_flop must be above 0 (a rate the model divides by), got 0" in msg  # ZeroDivisionError
+    assert "memory_bytes_per_flop must be from 1e-30 to 1e+30 (a rate the model divides by), got 0" in msg
     with pytest.raises(SpecError, match="file not found"):
         Calibration.from_file(tmp_path / "missing.yaml")
     assert Calibration.from_dict({"grad_bytes_per_param": None}) == Calibration()

@@ -111,6 +111,12 @@ def test_the_shipped_profile_is_named_without_a_path(run_cli, tmp_path, monkeypa
                       "--calibration", EMULATED_CPU, "--json")
     assert by_name[0] == by_path[0] == 0, by_name[2]
     assert json.loads(by_name[1])["plan"] == json.loads(by_path[1])["plan"]
+    code, out, err = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--planner", "heuristic",
+                             "--calibration", "emulated-cpu")
+    assert code == 0 and "constants  emulated-cpu (the figures above and the planner's choice)" in out, err
+    code, out, err = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--calibration", "")
+    assert code == 2 and err.strip() == ("spantrain plan: error: --calibration is empty: pass a profile file or a "
+                                         "shipped profile's name (emulated-cpu)"), err  # was ".: is a directory"
     code, out, err = run_cli("plan", "--cluster", CLUSTER, "--model", "tiny-gpt", "--calibration", "emulated")
     assert out == ""
     assert code == 2 and err.strip() == ("spantrain plan: error: --calibration emulated: no such file, nor a shipped "

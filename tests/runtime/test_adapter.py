@@ -193,6 +193,14 @@ def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_lin
     shrunk = Cluster.from_spec(spec)
     running = HeuristicPlanner().plan(Cluster.from_spec({**spec, "devices": [{**spec["devices"][0],
                                                                               "memory_gb": 40}]}), gpt2_xl)
+    # nothing fits at all: --adapt's warm-up (it only loads the kernels) refused a run that would start
+    # without --adapt; the first re-plan then says why, as a note, and the plan stays
+    nowhere = Cluster.from_spec({**spec, "devices": [{**d, "memory_gb": 0.001} for d in spec["devices"]]})
+    from spantrain.errors import PlannerError
+
+    replan_nowhere = _replanner("heuristic", nowhere, gpt2_xl, running)
+    with pytest.raises(PlannerError, match="fits nowhere"):
+        replan_nowhere(running, nowhere, 100)
     unfit = _replanner("auto", shrunk, gpt2_xl, running)(running, shrunk, 100)
     assert unfit.switch and unfit.summary.startswith("the running plan no longer fits memory on the cluster as it "
                                                      "is now: switching to the")

@@ -334,7 +334,8 @@ def test_a_new_run_into_a_used_run_dir_is_refused_and_a_refused_run_creates_noth
     # its records would have mixed with this run's in one file (a new run appends, as a resumed one must)
     line = _one_error_line(*spantrain_here(*args, "--run-dir", str(run), "--checkpoint-dir", str(tmp_path / "ck")))
     assert line == (f"spantrain run: error: --run-dir {run} holds another run's metrics ({run / 'metrics.jsonl'}): "
-                    "pass another --run-dir (or remove that file), or add --resume to continue that run")
+                    "pass another --run-dir (or remove that file), or continue that run with --resume and the "
+                    "--checkpoint-dir it wrote")
     line = _one_error_line(*spantrain_here(*args, "--run-dir", str(tmp_path / "other"), "--metrics",
                                            str(run / "metrics.jsonl")))
     assert line.startswith(f"spantrain run: error: --metrics {run / 'metrics.jsonl'} holds another run's metrics")

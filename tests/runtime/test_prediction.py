@@ -79,3 +79,28 @@ def test_the_report_sets_the_prediction_beside_the_measured_time(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("s/iteration", 1)[1] for line in lines if line.startswith("plan ")] == [
         " (predicted 0.500 s/iteration, measured as predicted)", " (predicted 0.300 s/iteration, measured 100% slower)"]
+
+
+def test_a_run_under_spantrain_emulate_counts_as_emulated(monkeypatch):
+    from spantrain.cli.run import run_where
+    from spantrain.runtime.emulator.latency import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert [run_where(False, False), run_where(False, True), run_where(True, False)] == ["local", "torchrun",
+                                                                                        "emulated"]
+    # `spantrain emulate -- spantrain run` sets torchrun's variables on emulated devices: its comparison
+    # with the spec's TFLOP/s read "measured 948% slower", with the built-in constants
+    monkeypatch.setenv(ENV_VAR, "/run/spantrain-emulator/x/emulation.json")
+    assert run_where(False, True) == "emulated"
+
+
+def test_the_memory_check_before_launch_uses_the_runs_calibration():
+    from spantrain.runtime.preflight import check_memory
+
+    _, workload, p = _inputs()
+    tight = Cluster.from_spec({**CLUSTER, "devices": [{**d, "memory_gb": 5e-4} for d in CLUSTER["devices"]]}, "c")
+    assert "does not fit" in check_memory(tight, workload, p, on_this_machine=False)
+    # the same plan under constants that say its training state takes almost no bytes: it fits
+    # (it had been chosen with them, and was then said not to fit, "`spantrain plan` finds one that fits")
+    small = Calibration(state_bytes_per_param=1e-4, optimizer_bytes_per_param=1e-4)
+    assert check_memory(tight, workload, p, on_this_machine=False, calibration=small) is None

@@ -71,3 +71,33 @@ def test_actions_are_keyed_by_group_rank():
     assert [a.computation_type for a in actions[1]] == [_ComputationType.FORWARD, _ComputationType.BACKWARD_INPUT,
                                                         _ComputationType.BACKWARD_WEIGHT]
     assert actions[0][1].computation_type == _ComputationType.FULL_BACKWARD
+
+
+def test_the_runtime_runs_the_order_costed_with_the_runs_calibration():
+    # the calibrated prediction costs split backward ops and per-op overheads, which reorder a
+    # zero-bubble schedule: the order computed with the built-in constants was not the one predicted
+    from pathlib import Path
+
+    from spantrain.cluster import Cluster
+    from spantrain.env.calibration import EMULATED_CPU, Calibration
+    from spantrain.env.costmodel import CostModel
+    from spantrain.policies.heuristic import HeuristicPlanner
+    from spantrain.runtime.config import RunConfig
+    from spantrain.runtime.worker import _orders
+    from spantrain.runtime.zb_order import run_orders
+    from spantrain.workload import Workload
+
+    cal = Calibration.from_file(EMULATED_CPU)
+    cluster = Cluster.from_file(Path(__file__).resolve().parents[2] / "examples" / "calibration" / "three-site.yaml")
+    workload = Workload.from_preset("gpt2-small")
+    plan = HeuristicPlanner().plan(cluster, workload, cal)
+    assert plan.schedule.startswith("zb-")
+    orders, _ = run_orders(cluster, workload, plan, cal)
+    costed = CostModel(cluster, workload, cal).stage_orders(plan)
+    assert orders == [[[list(op) for op in stage] for stage in o] for o in costed]
+    assert orders != run_orders(cluster, workload, plan)[0]  # the built-in constants' order differs here
+    # a worker computing the order itself (torchrun, no launcher) takes the run's calibration too
+    cfg = RunConfig(cluster_spec=cluster.to_spec(), model="gpt2-small", global_batch=None, plan=plan.to_dict(),
+                    steps=1, run_dir="r", metrics_path="m", calibration=cal.to_dict())
+    own, _ = _orders(cfg, cluster, workload, plan, 0)
+    assert [[list(op) for op in stage] for stage in own] == orders[0]
