@@ -6,11 +6,14 @@ alternative)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
-__all__ = ["BAD_INPUT", "bad_input"]
+__all__ = ["BAD_INPUT", "INTERRUPTED", "bad_input", "run_script"]
 
 BAD_INPUT = 2
 """Exit code of bad input, as `spantrain` and argparse use."""
+INTERRUPTED = 130
+"""Exit code after Ctrl-C, as `spantrain` and shells use."""
 
 
 def bad_input(script: str, error: Exception | str) -> int:
@@ -18,3 +21,17 @@ def bad_input(script: str, error: Exception | str) -> int:
     stderr; returns `BAD_INPUT` for the script's main to return."""
     print(f"{script}: error: {error}", file=sys.stderr)
     return BAD_INPUT
+
+
+def run_script(main: Callable[[], int], script: str) -> int:
+    """A script's ``__main__``: `main`'s exit code; bad input (`SpantrainError`) in one line and
+    code 2; Ctrl-C in one line and code 130, as `spantrain` does (a traceback otherwise)."""
+    from spantrain.errors import SpantrainError
+
+    try:
+        return main()
+    except SpantrainError as e:
+        return bad_input(script, e)
+    except KeyboardInterrupt:
+        print(f"{script}: interrupted", file=sys.stderr)
+        return INTERRUPTED

@@ -32,7 +32,6 @@ import io
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -92,9 +91,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, An
     if args.unannounced and args.mode != "netns":
         raise SpantrainError(f"--unannounced changes the live network, which only --mode netns reshapes (got --mode "
                              f"{args.mode})")
-    if not 0 < args.change_at < args.steps - 2:
-        raise SpantrainError(f"need 0 < --change-at < --steps - 2, got --change-at {args.change_at} and --steps "
-                             f"{args.steps}")
+    if not _WARMUP < args.change_at < args.steps - 2:  # the warm-up iterations are not measured
+        raise SpantrainError(f"need {_WARMUP} < --change-at < --steps - 2 (the first {_WARMUP} iterations are "
+                             f"warm-up), got --change-at {args.change_at} and --steps {args.steps}")
     workload = load_workload(args.model)
     spec = yaml.safe_load(CLUSTER_FILE.read_text())
     slow = json.loads(json.dumps(spec))
@@ -111,7 +110,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=30, help="iterations in all (30)")
     ap.add_argument("--change-at", type=int, default=5, help="change the link after this iteration (5)")
@@ -194,21 +193,29 @@ def main(argv: list[str] | None = None) -> int:
     slowed = ", ".join(f"{x:.2f}" for x in figures["on_slowed_link_s"]) or "none"
     print(f"adapt_live: {args.model} on cee-demo, cloud-0 -> edge-0 pipeline; cloud-edge link 0.1 -> "
           f"{args.slow_gbps:g} Gbit/s after iteration {args.change_at} ({args.mode})")
-    print(f"  before the change   {figures['before_s']:.3f} s/iteration (median)")
+    print(f"  before the change   {_fmt(figures['before_s'], '.3f')} s/iteration (median)")
     print(f"  on the slowed link  {slowed} s (iterations {args.change_at + 1}..{switched})")
     if args.unannounced and figures["measured_at"] is not None:
         gbps = figures["measured_gbps"]
         print(f"  noticed by itself   drift after iteration {figures['drift_at']}, links measured after iteration "
               f"{figures['measured_at']} in {figures['measure_s']:.1f} s: cloud-0 <-> edge-0 "
               + (f"{gbps * 1e3:.3g} Mbit/s, {figures['measured_latency_ms']:.3g} ms" if gbps is not None else "?"))
-    print(f"  after the switch    {figures['after_s']:.3f} s/iteration on {', '.join(figures['new_devices'])} "
-          f"(the {decision['chosen']} plan, from iteration {switched})")
-    for o in decision["options"]:
-        print(f"  option {o['name']:<10} {o['iteration_s']:.4g} s/iteration predicted + {o['migration_s']:.3g} s to "
-              f"move = {o['total_s']:.4g} s over {decision['remaining_steps']} iterations")
+    # `switched` is the old plan's last iteration
+    print(f"  after the switch    {_fmt(figures['after_s'], '.3f')} s/iteration on {', '.join(figures['new_devices'])} "
+          f"(the {decision['chosen']} plan, from iteration {switched + 1})")
+    for o in decision["options"]:  # a plan that does not fit has no time (None)
+        print(f"  option {o['name']:<10} {_fmt(o['iteration_s'], '.4g')} s/iteration predicted + "
+              f"{o['migration_s']:.3g} s to move = {_fmt(o['total_s'], '.4g')} s over {decision['remaining_steps']} "
+              "iterations")
     print(f"  every iteration's loss once: {figures['losses_complete']}; wall {wall:.0f} s")
     return 0
 
 
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from spantrain.experiments._args import run_script
+
+    raise SystemExit(run_script(main, "adapt_live"))

@@ -52,7 +52,7 @@ def compare_case(cluster: Cluster, workload: Workload, calibration: Calibration)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibration", type=Path, default=EMULATED_CPU, help="calibration profile (YAML/JSON)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -78,4 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from spantrain.experiments._args import run_script
+
+    raise SystemExit(run_script(main, "bench_calibrated_planning"))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeats", type=int, default=7, help="timing repeats; figures are their median (default 7)")
-    ap.add_argument("--seconds", type=float, default=0.5, help="length of one timing repeat")
+    ap.add_argument("--seconds", type=float, default=0.5, help="seconds one timing repeat lasts (0.5)")
     ap.add_argument("--compile-time", action="store_true",
                     help="also time a first run with an empty numba cache (fresh process)")
     args = ap.parse_args(argv)
@@ -112,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     # checked before any work: no repeats has no median, and an infinite or nan length never ends
     if args.repeats < 1:
         return bad_input("bench_costmodel", f"--repeats must be >= 1, got {args.repeats}")
-    if not (args.seconds >= 0 and math.isfinite(args.seconds)):
-        return bad_input("bench_costmodel", f"--seconds must be a finite number >= 0, got {args.seconds:g}")
+    if not 0 <= args.seconds <= 60:  # one repeat's length: 1e300 ran for ever (nan fails both comparisons)
+        return bad_input("bench_costmodel", f"--seconds must be from 0 to 60, got {args.seconds:g}")
     compile_s = compile_seconds() if args.compile_time else None
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
@@ -173,4 +172,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from spantrain.experiments._args import run_script
+
+    raise SystemExit(run_script(main, "bench_costmodel"))

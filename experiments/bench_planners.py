@@ -492,7 +492,7 @@ def load_saved(path: str) -> tuple[SuiteSpec, dict[str, Any], dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary) on stdout")
     ap.add_argument("--quick", action="store_true", help="a few small cases (smoke test)")
     ap.add_argument("--out", metavar="DIR", help="where to write results (default experiments/results; "
@@ -549,4 +549,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from spantrain.experiments._args import run_script
+
+    raise SystemExit(run_script(main, "bench_planners"))

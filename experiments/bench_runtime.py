@@ -61,6 +61,10 @@ def bench_plan(stages: int, batch: int, micro_batches: int, schedule: str, n_lay
                                       for i in range(stages)]}]}
 
 
+MAX_THREADS = 256
+"""Most torch threads per process the benchmark takes."""
+
+
 def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, seed: int, threads: int,
          precision: str) -> dict[str, Any]:
     """`spantrain run` in this process: its workers fork from one fork server that imports torch
@@ -94,6 +98,8 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
                                ("--micro-batches", args.micro_batches, 1), ("--threads", args.threads, 1)):
         if value < least:  # --steps: the first iterations are warm-up
             raise SpantrainError(f"{flag} must be at least {least}, got {value}")
+    if args.threads > MAX_THREADS:  # 100,000 threads crashed the workers without a word
+        raise SpantrainError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     check_seed(args.seed)
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     workload = load_workload(model)
@@ -112,7 +118,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the configurations round-robin and print their step times."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=12, help="iterations per configuration and repeat (12)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds over the configurations (3)")
@@ -195,4 +201,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from spantrain.experiments._args import run_script
+
+    raise SystemExit(run_script(main, "bench_runtime"))

@@ -250,6 +250,16 @@ def steady_step_s(step_s: list[float], warmup: int, period: int = 1) -> float:
     return statistics.median(sum(w) / period for w in windows)
 
 
+def _period(case: PlanCase) -> int:
+    """Iterations of one steady-state window of `case`'s plan (`steady_step_s`)."""
+    return case.plan["sync"]["period"] if case.plan["sync"]["mode"] == "local-sgd" else 1
+
+
+def min_steps(suite: Suite) -> int:
+    """The fewest iterations a run of every plan of `suite` needs for one steady-state window."""
+    return max(-(-suite.warmup // p) * p + p for p in (_period(c) for cl in suite.clusters for c in cl.plans))
+
+
 def run_plan(spec: Path, case: PlanCase, suite: Suite, work: Path, repeat: int) -> dict[str, Any]:
     """One emulated run of a plan: its per-iteration seconds, load average and steady-state figure."""
     plan_path = work / f"{case.name}.plan.json"
@@ -263,8 +273,8 @@ def run_plan(spec: Path, case: PlanCase, suite: Suite, work: Path, repeat: int) 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in records if "step_s" in r]
     steps = [r["step_s"] for r in records]
-    period = case.plan["sync"]["period"] if case.plan["sync"]["mode"] == "local-sgd" else 1
-    return {"step_s": steps, "steady_s": steady_step_s(steps, suite.warmup, period), "wall_s": time.monotonic() - t0,
+    return {"step_s": steps, "steady_s": steady_step_s(steps, suite.warmup, _period(case)),
+            "wall_s": time.monotonic() - t0,
             "loadavg_before": list(load0), "loadavg_after": list(os.getloadavg()),
             "ranks": _rank_medians(records[suite.warmup:])}
 
@@ -445,6 +455,11 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite
             suite = load_suite(args.suite, args.quick)
         except SpantrainError as e:  # it names the file
             raise SpantrainError(f"--suite {e}") from None
+        if args.steps is not None:  # else each run failed after the whole profiling phase
+            need = min_steps(suite)
+            if args.steps < need:
+                raise SpantrainError(f"--steps must be at least {need} (the suite's {suite.warmup} warm-up iterations, "
+                                     f"then one steady-state window of its longest local-SGD period), got {args.steps}")
     check_dir_option("--out", args.out, create=True)  # once every input has loaded: a bad one leaves none behind
     return calibration, measured, suite
 
@@ -515,9 +530,6 @@ def _track(report: dict[str, Any], plot: Path, quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    from spantrain.errors import SpantrainError
+    from spantrain.experiments._args import run_script
 
-    try:
-        sys.exit(main())
-    except SpantrainError as e:  # one line, no traceback, and the exit code of bad input
-        sys.exit(bad_input("calibrate", e))
+    raise SystemExit(run_script(main, "calibrate"))

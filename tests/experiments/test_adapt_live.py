@@ -33,7 +33,10 @@ def test_smoke_run_switches_plans_and_reports_figures(tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--steps", "5", "--change-at", "4"], "need 0 < --change-at < --steps - 2, got --change-at 4 and --steps 5"),
+    (["--steps", "5", "--change-at", "4"], "need 2 < --change-at < --steps - 2 (the first 2 iterations are warm-up), "
+                                           "got --change-at 4 and --steps 5"),
+    # accepted, and the run ended in a TypeError formatting the median of no iterations
+    (["--steps", "12", "--change-at", "2"], "need 2 < --change-at < --steps - 2"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),  # was a traceback
     (["--unannounced"], "--unannounced changes the live network, which only --mode netns reshapes (got --mode none)"),
     (["--planner", "no-such-planner"], "unknown planner 'no-such-planner'"),  # was exit code 1

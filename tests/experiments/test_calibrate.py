@@ -102,6 +102,9 @@ def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
     # found after the whole measurement (about 50 min), with exit code 1
     (["--fit", "no_such_constant"], "--fit takes numeric calibration constants, not no_such_constant"),
     (["--repeats", "0"], "--repeats must be at least 1, got 0"),  # ran the suite's repeats instead
+    # each run failed with a ValueError traceback after the whole profiling phase
+    (["--steps", "3"], "--steps must be at least 6 (the suite's 3 warm-up iterations, then one steady-state window "
+                       "of its longest local-SGD period), got 3"),
     (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (missing 'clusters')"),
     (["--suite", "MISSING"], "--suite MISSING: No such file or directory"),
 ])
