@@ -143,9 +143,13 @@ class Calibration:
             raise SpecError(f"{source}: expected a mapping of calibration constants")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         problems, values = [], {}
+        unknown = [key for key in raw if key not in fields]
+        if unknown:  # listed once: a cluster or suite file given here has a dozen keys
+            problems.append(f"unknown constant{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                            f"(known: {', '.join(fields)})")
         for key, value in raw.items():
             if key not in fields:
-                problems.append(f"unknown constant {key!r} (known: {', '.join(fields)})")
+                continue
             elif value is None and key in ("grad_bytes_per_param", "local_sgd_bytes_per_param"):
                 values[key] = None
             elif isinstance(fields[key].default, bool):

@@ -6,6 +6,7 @@ import numpy as np
 
 from spantrain.env.costmodel import CostModel
 from spantrain.errors import PlannerError
+from spantrain.estimate import fmt_memory
 
 __all__ = ["memory_floor", "no_fit_error"]
 
@@ -43,15 +44,15 @@ def no_fit_error(model: CostModel, planner: str) -> PlannerError:
     if need > largest.memory_bytes:
         return PlannerError(
             f"{planner}: model {workload.name!r} fits nowhere on cluster {cluster.name!r}: even cut over all {n} "
-            f"device(s) at micro-batch 1 some stage needs {need / 1e9:.1f} GB (the whole model on one device needs "
-            f"{whole / 1e9:.1f} GB), but the largest device, {largest.id}, has {largest.memory_gb:g} GB; "
+            f"device(s) at micro-batch 1 some stage needs {fmt_memory(need)} (the whole model on one device needs "
+            f"{fmt_memory(whole)}), but the largest device, {largest.id}, has {fmt_memory(largest.memory_bytes)}; "
             "add devices or devices with more memory, or use a smaller model or shorter sequence")
     # a cut exists whose fullest stage fits the largest device, but the smaller ones cannot
     # take their share: say how much memory there is against what the model needs
     total = float(cap.sum())
     return PlannerError(
         f"{planner}: found no arrangement of cluster {cluster.name!r} that fits model {workload.name!r}: cut "
-        f"over all {n} device(s) at micro-batch 1 the fullest stage needs at least {need / 1e9:.1f} GB and the "
-        f"largest device, {largest.id}, has {largest.memory_gb:g} GB, but the devices together hold "
-        f"{total / 1e9:.0f} GB for a model whose whole training state needs {whole / 1e9:.1f} GB on one device; "
+        f"over all {n} device(s) at micro-batch 1 the fullest stage needs at least {fmt_memory(need)} and the "
+        f"largest device, {largest.id}, has {fmt_memory(largest.memory_bytes)}, but the devices together hold "
+        f"{fmt_memory(total)} for a model whose whole training state needs {fmt_memory(whole)} on one device; "
         "add devices or devices with more memory, or use a smaller model or shorter sequence")

@@ -76,8 +76,10 @@ Replan = Callable[[Plan, Cluster, int], Decision]
 class ClusterFile:
     """A cluster spec file that may be rewritten while a run goes on."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, what: str = "the cluster file", keeping: str = "the running plan"):
+        """`what` names the file in notes, `keeping` what stays while it does not load."""
         self.path = Path(path)
+        self.what, self.keeping = what, keeping
         self._stat = self._signature()
         self._digest = self._read_digest()
         self._reported: str | None = None
@@ -113,8 +115,7 @@ class ClusterFile:
         except SpantrainError as e:
             if self._reported != digest:
                 self._reported = digest
-                note(f"the cluster file {self.path} changed but does not load ({e}); keeping the running plan "
-                     "until it does")
+                note(f"{self.what} {self.path} changed but does not load ({e}); keeping {self.keeping} until it does")
             return None
         self._digest = digest
         return cluster

@@ -61,6 +61,8 @@ __all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "R
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
 _STOP_GRACE_S = 120.0
+_STOPPING_NOTE = ("spantrain run: stopping after the current iteration (checkpointing if configured); "
+                  "Ctrl-C again to kill")
 _STALL_MARGIN_S = 60.0
 # Errors a worker reports when a *peer* died: the root cause is elsewhere.
 _SECONDARY = ("Connection closed", "Connection reset", "connection reset", "Broken pipe", "timed out",
@@ -362,8 +364,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
                                                           for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")
                 failure = _supervise(procs, watcher, cfg, adapter)
             except KeyboardInterrupt:
-                note("spantrain run: stopping after the current iteration (checkpointing if configured); "
-                     "Ctrl-C again to kill")
+                note(_STOPPING_NOTE)
                 try:
                     _stop_all(procs, _STOP_GRACE_S)
                 except KeyboardInterrupt:
@@ -463,7 +464,8 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
     cfg.save(config_path)
     cluster = Cluster.from_file(network) if network else Cluster.from_spec(cfg.cluster_spec, "cluster")
-    network_file = ClusterFile(network) if network else None
+    network_file = ClusterFile(network, "the emulated network (--emulate-network)", "the links as they are") \
+        if network else None
     source = "network file" if network else "cluster file"
     # one device has no link to measure: its worker does not, and the drift note must not say it will
     watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter,
@@ -483,7 +485,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     def stop_when() -> bool | float:
         nonlocal stalled, switching
         watcher.poll()
-        changed = network_file.poll(note) if network_file is not None else None
+        changed = network_file.poll(lambda m: note(f"spantrain run: note: {m}")) if network_file is not None else None
         if changed is not None:
             reshape(changed)
         if adapter is not None and watcher.last_step is not None \
@@ -498,7 +500,9 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
         with EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note, options=RUN_OPTIONS) as emu:
             for line in emu.describe():
                 note(line)
-            results = emu.run(command, echo=False, log_dir=run_dir / "logs", stop_when=stop_when)
+            # Ctrl-C: as a local run, the workers finish their iteration and checkpoint (5 s lost both)
+            results = emu.run(command, echo=False, log_dir=run_dir / "logs", stop_when=stop_when,
+                              interrupt_grace_s=_STOP_GRACE_S, on_interrupt=lambda: note(_STOPPING_NOTE))
     except EmulationError as e:
         raise ExecutionError(f"emulated run: {e}") from None
     finally:

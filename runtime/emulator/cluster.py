@@ -177,10 +177,11 @@ class EmulatedCluster:
 
     def run(self, command: Sequence[str], *, timeout_s: float | None = None, echo: bool = True,
             log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
-            stop_when: Callable[[], bool | float] | None = None) -> list[DeviceResult]:
+            stop_when: Callable[[], bool | float] | None = None, interrupt_grace_s: float | None = None,
+            on_interrupt: Callable[[], None] | None = None) -> list[DeviceResult]:
         """Run `command` once per device (rank order) and wait for all; the first failure stops the rest,
         and so does `stop_when()` returning true or a grace in seconds (polled while they run; see
-        `wait_all`)."""
+        `wait_all`, also for what Ctrl-C does with `interrupt_grace_s` and `on_interrupt`)."""
         if self.names is None or self.emulation is None:
             raise EmulationError("the emulated cluster is not set up (use it in a `with` block)")
         if not command:
@@ -191,18 +192,24 @@ class EmulatedCluster:
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
         procs: list[DeviceProcess] = []
+        # an interrupt between a device's fork and `procs.append` left its process running with nobody
+        # to stop it (and one in a forked child's preexec_fn printed a traceback): held until all started
+        held = SignalsHeld()
         try:
-            for rank, dev in enumerate(self.cluster.devices):
-                procs.append(DeviceProcess(
-                    rank=rank, device_id=dev.id, command=command, env=self.device_env(rank, env),
-                    netns=self.names.device_ns(rank) if self.mode == "netns" else None,
-                    cgroup=self._cgroup(rank) if self.cpu_limited else None, echo=echo, log_dir=logs))
+            with held:
+                for rank, dev in enumerate(self.cluster.devices):
+                    procs.append(DeviceProcess(
+                        rank=rank, device_id=dev.id, command=command, env=self.device_env(rank, env),
+                        netns=self.names.device_ns(rank) if self.mode == "netns" else None,
+                        cgroup=self._cgroup(rank) if self.cpu_limited else None, echo=echo, log_dir=logs))
+            held.deliver()
         except BaseException:
             stop_all(procs, signal.SIGKILL)
             for p in procs:
                 p.result()
             raise
-        return wait_all(procs, timeout_s, stop_when)
+        grace = {} if interrupt_grace_s is None else {"interrupt_grace_s": interrupt_grace_s}
+        return wait_all(procs, timeout_s, stop_when, on_interrupt=on_interrupt, **grace)
 
     def device_env(self, rank: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of device `rank`'s process: torchrun's variables plus the emulation's."""

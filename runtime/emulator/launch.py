@@ -165,13 +165,17 @@ def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM, grace_
 
 
 def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
-             stop_when: Callable[[], bool | float] | None = None) -> list[DeviceResult]:
+             stop_when: Callable[[], bool | float] | None = None, interrupt_grace_s: float = _GRACE_S,
+             on_interrupt: Callable[[], None] | None = None) -> list[DeviceResult]:
     """Wait for every device; the first failure (or the timeout) stops the rest.
 
     `stop_when`, polled about every 50 ms, lets the caller stop every device early: true
     (a run that stopped making progress, say) sends SIGTERM and SIGKILL after the usual
     grace; a number of seconds instead gives the devices that long to finish (a run that
-    checkpoints before it exits). The devices it stops come back with ``stopped``.
+    checkpoints before it exits). The devices it stops come back with ``stopped``. On Ctrl-C
+    (or SIGTERM to this process) the devices get SIGINT and `interrupt_grace_s` to finish (a
+    training run's iteration and checkpoint), after `on_interrupt()` says so; a second Ctrl-C
+    kills them.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
@@ -192,10 +196,13 @@ def wait_all(procs: Sequence[DeviceProcess], timeout_s: float | None = None,
                     p.result()
                 raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
             time.sleep(0.05)
-    except BaseException:
+    except BaseException as e:
         # Ctrl-C, SIGTERM to the emulator, or a bug here: never leave devices running.
+        interrupted = isinstance(e, KeyboardInterrupt)
         try:
-            stop_all(procs, signal.SIGINT)
+            if interrupted and on_interrupt is not None:
+                on_interrupt()
+            stop_all(procs, signal.SIGINT, grace_s=interrupt_grace_s if interrupted else _GRACE_S)
         except KeyboardInterrupt:
             # A second Ctrl-C during the grace: kill them now. Raised out of the grace, it skipped the
             # SIGKILL, and devices outside namespaces and cgroups (the fallback) ran on, orphaned.

@@ -23,7 +23,8 @@ from spantrain.cluster import Cluster
 from spantrain.errors import EmulationError
 from spantrain.runtime.emulator.system import have_tools, run
 
-__all__ = ["IFNAME", "BRIDGE", "NET_PREFIX", "NETNS_ETC", "unavailable_reason", "addresses", "set_gso", "region_subnet",
+__all__ = ["IFNAME", "BRIDGE", "NET_PREFIX", "NETNS_ETC", "PROBE_PREFIX", "unavailable_reason", "addresses", "set_gso",
+           "region_subnet",
            "list_namespaces", "create_hub", "add_device", "write_hosts", "namespace_pids", "delete_namespace"]
 
 IFNAME = "spt0"
@@ -32,6 +33,8 @@ BRIDGE = "br0"
 NETNS_ETC = Path("/etc/netns")
 """`ip netns exec NS` bind-mounts the files of /etc/netns/NS over /etc."""
 NET_PREFIX = "10.77"
+PROBE_PREFIX = "spt-probe-"
+"""The availability probe's namespace: this prefix and the probing process's pid."""
 _MAX_REGIONS, _MAX_PER_REGION = 256, 254
 
 
@@ -65,17 +68,23 @@ def unavailable_reason() -> str | None:
     missing = have_tools("ip", "tc")
     if missing:
         return f"{', '.join(missing)} not found"
-    probe = f"spt-probe-{os.getpid()}"
-    try:
-        run(["ip", "netns", "add", probe])
-    except EmulationError as e:
-        return str(e)
-    try:
-        run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"])
-    except EmulationError as e:
-        return str(e)
-    finally:
-        run(["ip", "netns", "del", probe], check=False)
+    from spantrain._interrupt import SignalsHeld
+
+    probe = f"{PROBE_PREFIX}{os.getpid()}"
+    # Ctrl-C between the add and the try below left the namespace behind: the probe is a moment
+    held = SignalsHeld()
+    with held:
+        try:
+            run(["ip", "netns", "add", probe])
+        except EmulationError as e:
+            return str(e)
+        try:
+            run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"])
+        except EmulationError as e:
+            return str(e)
+        finally:
+            run(["ip", "netns", "del", probe], check=False)
+    held.deliver()
     return None
 
 

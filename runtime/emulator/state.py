@@ -290,4 +290,9 @@ def sweep_leftovers() -> list[str]:
     for run_id in sorted(found - live):
         teardown(RunNames(run_id))
         cleaned.append(run_id)
+    for ns in netns.list_namespaces():  # an availability probe whose process is gone (killed mid-probe)
+        pid = ns.removeprefix(netns.PROBE_PREFIX)
+        if ns.startswith(netns.PROBE_PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            netns.delete_namespace(ns)
+            cleaned.append(ns)
     return cleaned

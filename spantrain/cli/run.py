@@ -452,7 +452,7 @@ def _run(args: argparse.Namespace) -> int:
                                       measured_file=ClusterFile(run_dir / "cluster-measured.json")
                                       if cfg.measure_links else None,
                                       steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan,
-                                                        calibration),
+                                                                          calibration, args.emulate_network),
                                       # above the progress bar when there is one
                                       note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
                     result = run_adapting(cfg, launch, adapter)
@@ -477,8 +477,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replanner(planner: str, cluster, workload, plan, calibration=None):
-    """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`."""
+def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None):
+    """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`.
+    With `emulated_network` (--emulate-network), only the devices that file emulates can be
+    planned on: the others of the cluster file exist for the run, not for the emulator."""
     from spantrain.policies.adapt import adapt_plan
     from spantrain.runtime.adapter import Decision
 
@@ -487,7 +489,14 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None):
     with contextlib.suppress(SpantrainError):  # only the loading matters here; a plan that fails is the run's
         adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
 
+    emulated = {"ids": None}
+
     def replan(running, cluster, remaining: int) -> Decision:
+        if emulated_network is not None:
+            with contextlib.suppress(SpantrainError):  # a network file being rewritten: the last one that loaded
+                emulated["ids"] = set(load_cluster(emulated_network).ids)
+            if emulated["ids"] is not None:  # a switch onto a device not emulated failed the run
+                cluster = cluster.subset([d for d in cluster.ids if d in emulated["ids"]])
         a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner,
                        calibration=calibration)
         chosen = a.option(a.chosen)

@@ -119,3 +119,12 @@ def test_split_backward_factors_cost_only_zero_bubble_ops():
         plan = Plan(pipelines=(Pipeline(stages=stages, micro_batch_size=2, num_micro_batches=6),), schedule=schedule)
         a, b = plain.estimate(plan).iteration_s, split.estimate(plan).iteration_s
         assert (b > a) if slower else (b == a)
+
+
+def test_unknown_constants_are_listed_once_with_the_known_ones(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text("model: tiny-gpt\nsteps: 12\nwarmup: 3\n")  # a suite file passed by mistake
+    with pytest.raises(SpecError) as e:
+        Calibration.from_file(path)
+    # the whole list of known constants came once per unknown key: nine times for a suite file
+    assert str(e.value).count("known:") == 1 and "unknown constants 'model', 'steps', 'warmup' (known: " in str(e.value)

@@ -186,6 +186,19 @@ def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_lin
     assert len(moved.plan.devices) == 1 and moved.record["iteration_s_new"] < moved.record["iteration_s_kept"]
     left = replan(running, cluster.subset([d for d in cluster.ids if d != running.devices[0]]), 100)
     assert left.switch and f"device(s) {running.devices[0]} left the cluster" in left.summary
+    # --emulate-network: devices the cluster file gains but the emulator does not run are no place to move
+    # to (the run failed with "cannot emulate devices ...: unknown new-0")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        network = Path(tmp) / "network.json"
+        network.write_text(json.dumps(spec))
+        grown = Cluster.from_spec({**spec, "devices": [*spec["devices"], {"id": "new", "count": 4, "region": "r",
+                                                                          "tflops": 1000, "memory_gb": 80}]})
+        anywhere = _replanner("heuristic", grown, gpt2_xl, running)(running, grown, 1000)
+        assert any(d.startswith("new-") for d in anywhere.plan.devices)  # without the network file it would move
+        decision = _replanner("heuristic", grown, gpt2_xl, running, None, str(network))(running, grown, 1000)
+        assert not any(d.startswith("new-") for d in decision.plan.devices)
     # the running plan's devices lose memory: a running --adapt job ended in a ZeroDivisionError traceback
     spec["network"]["regions"]["r"]["gbps"] = 0.5
     spec["devices"] = [{"id": "g", "count": 2, "region": "r", "tflops": 150, "memory_gb": 2},
@@ -199,8 +212,10 @@ def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_lin
     from spantrain.errors import PlannerError
 
     replan_nowhere = _replanner("heuristic", nowhere, gpt2_xl, running)
-    with pytest.raises(PlannerError, match="fits nowhere"):
+    with pytest.raises(PlannerError, match="fits nowhere") as e:
         replan_nowhere(running, nowhere, 100)
+    # tiny figures in MB: "needs 0.0 GB ... but the largest device has 0.0001 GB" said nothing
+    assert "0.0 GB" not in str(e.value) and "has 1 MB" in str(e.value), str(e.value)
     unfit = _replanner("auto", shrunk, gpt2_xl, running)(running, shrunk, 100)
     assert unfit.switch and unfit.summary.startswith("the running plan no longer fits memory on the cluster as it "
                                                      "is now: switching to the")
@@ -217,3 +232,18 @@ def test_an_adapting_fp16_run_counts_the_skipped_updates_of_every_plan(tmp_path)
                             for s, o in rows))
     assert _skipped(str(path), 0, 6) == 3  # 1, 3 and 5: iteration 4 as last trained
     assert _skipped(str(path), 2, 6) == 2
+
+
+def test_a_network_file_that_does_not_load_is_named_as_the_emulated_network(tmp_path):
+    from spantrain.runtime.adapter import ClusterFile
+
+    path = tmp_path / "net.yaml"
+    path.write_text(json.dumps(CLUSTER))
+    notes: list[str] = []
+    watched = ClusterFile(path, "the emulated network (--emulate-network)", "the links as they are")
+    path.write_text("devices: [")  # mid-rewrite
+    assert watched.poll(notes.append) is None
+    # it said "the cluster file ... keeping the running plan", of a file that holds no plan
+    assert len(notes) == 1 and notes[0].startswith(f"the emulated network (--emulate-network) {path} changed but "
+                                                   "does not load (") and notes[0].endswith(
+        "keeping the links as they are until it does")

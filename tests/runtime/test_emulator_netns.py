@@ -240,3 +240,23 @@ def test_leftovers_of_a_crashed_emulator_are_removed_at_the_next_start(spec):
                            text=True, timeout=60)
     assert sweep.returncode == 0 and run_id in sweep.stderr
     assert _leftovers(run_id) == []
+
+
+def test_the_sweep_removes_an_availability_probe_whose_process_is_gone():
+    import os
+
+    from spantrain.runtime.emulator.state import sweep_leftovers
+
+    dead = 4_000_000  # a pid nothing runs as (checked)
+    while Path(f"/proc/{dead}").exists():
+        dead += 1
+    orphan, mine = f"{netns.PROBE_PREFIX}{dead}", f"{netns.PROBE_PREFIX}{os.getpid()}"
+    for ns in (orphan, mine):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        # a probe killed between its add and its delete stayed for good: the sweep's pattern is a run's
+        assert orphan in sweep_leftovers()
+        assert orphan not in netns.list_namespaces() and mine in netns.list_namespaces()  # a live one is kept
+    finally:
+        for ns in (orphan, mine):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -315,6 +315,30 @@ def test_a_second_ctrl_c_while_devices_stop_kills_them(cluster, tmp_path, monkey
     assert alive == [] and time.monotonic() - t0 < 4.5, alive  # killed, without waiting out the 5 s grace
 
 
+def test_ctrl_c_gives_devices_the_callers_grace_to_finish_their_iteration(cluster, tmp_path, monkeypatch):
+    # `run --emulate`: a worker stops after its iteration and checkpoints; the emulator killed it
+    # after 5 s, losing the iteration and the checkpoint, where a local run waits up to 120 s
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    code = ("import os, signal, sys, time\n"
+            "done = []\n"
+            "signal.signal(signal.SIGINT, lambda *a: done.append(1))\n"
+            "open(os.path.join(sys.argv[1], 'up-' + os.environ['RANK']), 'w').close()\n"
+            "while not done: time.sleep(0.05)\n"
+            "time.sleep(6)  # the iteration in flight, longer than the emulator's own 5 s grace\n"
+            "open(os.path.join(sys.argv[1], 'saved-' + os.environ['RANK']), 'w').close()\n")
+    told = []
+
+    def ctrl_c() -> bool:
+        if len(list(tmp_path.glob("up-*"))) < len(cluster):
+            return False
+        raise KeyboardInterrupt
+
+    with EmulatedCluster(cluster, mode="local", cpu_limits=False) as emu, pytest.raises(KeyboardInterrupt):
+        emu.run([sys.executable, "-c", code, str(tmp_path)], echo=False, stop_when=ctrl_c, interrupt_grace_s=30,
+                on_interrupt=lambda: told.append("stopping"))
+    assert told == ["stopping"] and len(list(tmp_path.glob("saved-*"))) == len(cluster)
+
+
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
