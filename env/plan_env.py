@@ -52,7 +52,6 @@ StartProvider = Callable[[tuple, Evaluator], Candidate]
 """(scenario key, evaluator) -> the starting candidate; raise SpantrainError to skip the scenario."""
 
 _BOUND = 10.0  # features are log-scaled to about [-3, 3]; clipped here so the spaces are exact
-_STATE_BYTES = 16  # weights + gradients + AdamW state per parameter, as the cost model assumes
 _TIERS = ("cloud", "edge", "end")
 
 
@@ -353,6 +352,7 @@ class PlanEnv(gym.Env):
             return 0.0
         params = self._param_prefix
         bw = s.cluster.bandwidth
+        state_bytes = s.evaluator.model.calibration.state_bytes_per_param  # what a device holds per parameter
         holders = list(s.running.items())
         worst = 0.0
         L = s.workload.num_layers
@@ -375,7 +375,7 @@ class PlanEnv(gym.Env):
                             continue
                         src_bw = max((bw[h, d] for h, (ha, hz) in holders if h != d and ha <= u and hz >= v),
                                      default=0.0)
-                        t += need * _STATE_BYTES / src_bw if src_bw > 0 else math.inf
+                        t += need * state_bytes / src_bw if src_bw > 0 else math.inf
                 worst = max(worst, t)
         return worst
 

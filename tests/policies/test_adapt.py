@@ -148,3 +148,16 @@ def test_plan_from_cli_with_a_departed_device_warns_and_plans_afresh(run_cli, tm
     assert code == 0, err
     assert json.loads(out)["adaptation"]["missing_devices"] == ["west-3"]
     assert err.count("\n") == 1 and "west-3 are not in" in err and "planning afresh" in err
+
+
+def test_migration_is_priced_at_the_calibrations_state_bytes(running):
+    from spantrain.env.calibration import Calibration
+
+    _, after = _clusters(west_lan_gbps=0.1)
+    base = adapt_plan(after, W, running, remaining_steps=500, planner="heuristic")
+    heavy = adapt_plan(after, W, running, remaining_steps=500, planner="heuristic",
+                       calibration=Calibration(state_bytes_per_param=32))
+    assert base.option("heuristic").migration_s > 0
+    assert heavy.plan.to_dict()["pipelines"] == base.plan.to_dict()["pipelines"]  # the same move, twice the bytes
+    # it was 16 bytes per parameter whatever the constants said
+    assert heavy.option("heuristic").migration_s == pytest.approx(2 * base.option("heuristic").migration_s)
