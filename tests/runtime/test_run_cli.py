@@ -224,10 +224,9 @@ def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_pa
     from spantrain.errors import ExecutionError
     from spantrain.runtime import launcher
 
-    # the holder gone, the directory is free: what now stops a new run there is the first run's records
-    code, _, err = spantrain_here(*second)
-    assert code == 2 and "holds another run's metrics" in err and "in use" not in err, err
-    (run_dir / "metrics.jsonl").unlink()
+    # the holder gone, the lock is free; the first run's records (if it finished an iteration before it
+    # was killed) would refuse a new run there (tested in test_failures), so they go
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def fail(cfg, **kw):
         raise ExecutionError("worker rank 0 failed")
