@@ -25,13 +25,18 @@ def bad_input(script: str, error: Exception | str) -> int:
 
 def run_script(main: Callable[[], int], script: str) -> int:
     """A script's ``__main__``: `main`'s exit code; bad input (`SpantrainError`) in one line and
-    code 2; Ctrl-C in one line and code 130, as `spantrain` does (a traceback otherwise)."""
+    code 2; Ctrl-C, SIGTERM or SIGHUP in one line and code 130, as `spantrain` does (a traceback
+    otherwise; SIGTERM left the scripts' temporary directories behind, since no `finally` ran)."""
     from spantrain.errors import SpantrainError
+    from spantrain.runtime import stop_signals
 
+    old = stop_signals.install()
     try:
         return main()
     except SpantrainError as e:
         return bad_input(script, e)
-    except KeyboardInterrupt:
-        print(f"{script}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"{script}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
         return INTERRUPTED
+    finally:
+        stop_signals.restore(old)

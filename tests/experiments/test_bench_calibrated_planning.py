@@ -30,3 +30,26 @@ def test_scripts_say_bad_input_and_ctrl_c_in_one_line(capsys):
 
     assert run_script(interrupted, "bench_runtime") == 130  # was a KeyboardInterrupt traceback
     assert capsys.readouterr().err == "bench_runtime: interrupted\n"
+
+
+def test_sigterm_to_a_script_unwinds_like_ctrl_c(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    # a script that holds a temporary directory, as bench_runtime does; SIGTERM left it behind
+    code = ("import sys, tempfile, time\n"
+            "from spantrain.experiments._args import run_script\n"
+            "def main():\n"
+            "    with tempfile.TemporaryDirectory(dir=sys.argv[1]):\n"
+            "        print('ready', flush=True)\n"
+            "        time.sleep(60)\n"
+            "    return 0\n"
+            "raise SystemExit(run_script(main, 'bench_x'))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and err == "bench_x: interrupted by SIGTERM\n", err
+    assert list(tmp_path.iterdir()) == []
