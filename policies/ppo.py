@@ -97,7 +97,7 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # text, a foreign pickle, an empty or truncated file
-        if _damaged(e) or _cut_zip(path):
+        if _damaged(e, path):
             raise PolicyError(f"{who} is damaged or truncated: {fix}") from None
         # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
         raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
@@ -127,9 +127,9 @@ def _run_policy(run_dir: Path) -> str:
     return "pass the run's best-policy.pt or ppo-policy.pt from the same directory (written when it ends)"
 
 
-def _damaged(e: Exception) -> bool:
-    """Whether torch.load failed on a torch file cut short (a full disk, a copy cut off)."""
-    return isinstance(e, EOFError) or "PytorchStreamReader" in str(e)
+def _damaged(e: Exception, path: Path | None = None) -> bool:
+    """Whether torch.load failed on a torch file (`path`, if known) cut short: a full disk, a copy cut off."""
+    return isinstance(e, EOFError) or "PytorchStreamReader" in str(e) or (path is not None and _cut_zip(path))
 
 
 def _cut_zip(path: Path) -> bool:
@@ -151,7 +151,7 @@ def load_failure(e: Exception, path: Path | None = None) -> str:
 
     if isinstance(e, pickle.UnpicklingError):
         return "not a torch file of tensors and plain data"
-    if _damaged(e) or (path is not None and _cut_zip(path)):
+    if _damaged(e, path):
         return "empty or truncated"
     text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     text = text if len(text) <= 120 else text[:117] + "..."

@@ -205,7 +205,6 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     The result is the last launch's, with ``start_step`` and ``losses`` over the whole run,
     ``adaptations`` (every decision) and ``segments`` (one per plan: iterations, plan, medians).
     """
-    from spantrain.env.calibration import Calibration
     from spantrain.runtime.checkpoint import latest_checkpoint
     from spantrain.runtime.prediction import predicted_step_s
     from spantrain.runtime.preflight import check_run
@@ -240,7 +239,7 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             except SpantrainError as e:
                 raise ExecutionError(f"the new plan cannot run ({e}); the last checkpoint is "
                                      f"{result['checkpoint']} (continue with --resume)") from None
-            calibration = Calibration.from_dict(cfg.calibration) if cfg.calibration is not None else None
+            calibration = cfg.cost_constants()
             orders, source = run_orders(cluster, workload, plan, calibration)
             cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),
                                       resume=result["checkpoint"] is not None, rank_map=None, zb_orders=orders,

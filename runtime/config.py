@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spantrain.cluster import Cluster
+from spantrain.env.calibration import Calibration
 from spantrain.plan import Plan
 from spantrain.workload import Workload, load_workload
 
@@ -93,6 +94,10 @@ class RunConfig:
         workload = load_workload(self.model, global_batch=self.global_batch)
         plan = Plan.from_dict(self.plan, "plan")
         return cluster, workload, plan
+
+    def cost_constants(self) -> Calibration | None:
+        """`calibration` as the cost model takes it (None: the built-in constants)."""
+        return Calibration.from_dict(self.calibration) if self.calibration is not None else None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)

@@ -271,10 +271,7 @@ def _orders(cfg: RunConfig, cluster, workload, plan, pipeline: int):
         source = cfg.zb_order_source or "launcher"
         p = plan.pipelines[pipeline]
         return zb_order.check_orders(cfg.zb_orders[pipeline], len(p.stages), p.num_micro_batches, source), source
-    from spantrain.env.calibration import Calibration
-
-    calibration = Calibration.from_dict(cfg.calibration) if cfg.calibration is not None else None
-    return zb_order.all_pipeline_orders(cluster, workload, plan, calibration)[pipeline]
+    return zb_order.all_pipeline_orders(cluster, workload, plan, cfg.cost_constants())[pipeline]
 
 
 def _checkpoint_tensors(module, optimizer) -> dict[str, torch.Tensor]:

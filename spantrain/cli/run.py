@@ -489,14 +489,15 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated
     with contextlib.suppress(SpantrainError):  # only the loading matters here; a plan that fails is the run's
         adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
 
-    emulated = {"ids": None}
+    emulated_ids: set[str] | None = None
 
     def replan(running, cluster, remaining: int) -> Decision:
+        nonlocal emulated_ids
         if emulated_network is not None:
             with contextlib.suppress(SpantrainError):  # a network file being rewritten: the last one that loaded
-                emulated["ids"] = set(load_cluster(emulated_network).ids)
-            if emulated["ids"] is not None:  # a switch onto a device not emulated failed the run
-                cluster = cluster.subset([d for d in cluster.ids if d in emulated["ids"]])
+                emulated_ids = set(load_cluster(emulated_network).ids)
+            if emulated_ids is not None:  # a switch onto a device not emulated failed the run
+                cluster = cluster.subset([d for d in cluster.ids if d in emulated_ids])
         a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner,
                        calibration=calibration)
         chosen = a.option(a.chosen)
