@@ -33,9 +33,9 @@ def default_calibration(emulated: bool) -> Calibration | None:
 
 def predicted_step_s(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibration | None) -> float:
     """The cost model's seconds for one iteration of `plan` on `cluster`."""
-    from spantrain.env.costmodel import CostModel
+    from spantrain.env.costmodel import estimate
 
-    return float(CostModel(cluster, workload, calibration, memo=False).estimate(plan).iteration_s)
+    return float(estimate(cluster, workload, plan, calibration).iteration_s)
 
 
 def comparable(cluster: Cluster, workload: Workload, plan: Plan, *, where: str) -> bool:
