@@ -39,11 +39,12 @@ __all__ = ["TrainConfig", "TrainingInterrupted", "train", "evaluate_policy", "he
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training, after the weights so far were saved to `path` (the message
-    says where and how to continue)."""
+    says where and how to continue; `report` says it as data, for `train-policy --json`)."""
 
-    def __init__(self, message: str, path: Path):
+    def __init__(self, message: str, path: Path, report: dict | None = None):
         super().__init__(message)
         self.path = path
+        self.report = {"interrupted": True, "policy": str(path), "message": message, **(report or {})}
 
 
 FINAL_EVAL_COLUMNS = ("profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio",
@@ -464,8 +465,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
         how = (f"continue the run with --resume --out-dir {out}" if resumable else
                f"start from them with --init-policy {path} and another --out-dir")
-        raise TrainingInterrupted(f"{_by(stop)}during {where}; the weights so far are in {path} ({how})",
-                                  path) from None
+        report = {"phase": phase, "steps": steps, "resumable": resumable, "out_dir": str(out)}
+        raise TrainingInterrupted(f"{_by(stop)}during {where}; the weights so far are in {path} ({how})", path,
+                                  report) from None
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
@@ -483,7 +485,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     except KeyboardInterrupt as stop:
         raise TrainingInterrupted(f"{_by(stop)}after training, while finishing its plot and W&B run; the best policy "
                                   f"is in {best['policy']}, the summary in {out / 'summary.json'}",
-                                  Path(best["policy"])) from None
+                                  Path(best["policy"]), {"phase": "finishing", "summary": summary}) from None
     return summary
 
 

@@ -39,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
         signals = stop_signals.install()
         try:
             summary = train(config)
+        except KeyboardInterrupt as stop:
+            if args.json:  # stdout still holds one JSON object: what was kept and how to go on
+                print_json(getattr(stop, "report", None) or {"interrupted": True, "policy": None, "message": str(stop)})
+            raise
         finally:
             stop_signals.restore(signals)
     if args.ship:

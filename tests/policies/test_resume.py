@@ -307,12 +307,16 @@ def test_sigterm_during_ppo_is_named_and_a_finished_resume_removes_the_stale_int
     with monkeypatch.context() as m:
         m.setattr(PlanEnv, "step", sigterm_in_the_second_rollout)
         m.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
-        code, _, err = run_cli("train-policy", "--timesteps", "96", "--eval-every", "96", "--out-dir", run,
-                               "--cache-dir", tmp_path / "cache", "--no-track", *TINY)
+        code, out, err = run_cli("train-policy", "--timesteps", "96", "--eval-every", "96", "--out-dir", run,
+                                 "--cache-dir", tmp_path / "cache", "--no-track", "--json", *TINY)
     # was "interrupted during PPO step 48 of 96", not naming the signal
     assert code == 130 and err.strip().splitlines()[-1].startswith(
         "spantrain train-policy: interrupted by SIGTERM during PPO step 48 of 96; "), err
     assert (run / "interrupted-policy.pt").exists()
+    # --json: stdout still holds one object, saying what was kept (it was empty)
+    report = json.loads(out)
+    assert report["interrupted"] and report["phase"] == "ppo" and report["steps"] == 48 and report["resumable"]
+    assert report["policy"] == str(run / "interrupted-policy.pt") and report["out_dir"] == str(run)
     code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
     assert code == 0, err
     # the weights of step 48 would sit beside the final ones, looking newest
