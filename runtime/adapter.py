@@ -206,7 +206,7 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     ``adaptations`` (every decision) and ``segments`` (one per plan: iterations, plan, medians).
     """
     from spantrain.runtime.checkpoint import latest_checkpoint
-    from spantrain.runtime.prediction import predicted_step_s
+    from spantrain.runtime.prediction import comparable, predicted_step_s
     from spantrain.runtime.preflight import check_run
     from spantrain.runtime.zb_order import run_orders
     from spantrain.workload import load_workload
@@ -244,7 +244,10 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),
                                       resume=result["checkpoint"] is not None, rank_map=None, zb_orders=orders,
                                       zb_order_source=source, adaptation=adapter.records[-1],
-                                      predicted_step_s=predicted_step_s(cluster, workload, plan, calibration))
+                                      predicted_step_s=predicted_step_s(cluster, workload, plan, calibration),
+                                      # adapting runs are local or emulated: the new plan's devices decide
+                                      prediction_comparable=cfg.prediction_comparable
+                                      and comparable(cluster, workload, plan, where="emulated"))
             adapter.note(f"continuing from iteration {result['final_step']} on the new plan "
                          f"({len(plan.devices)} device(s): {', '.join(plan.devices)})")
             written = _log_decisions(cfg.metrics_path, adapter.records, written)

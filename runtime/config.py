@@ -87,6 +87,10 @@ class RunConfig:
     predicted_step_s: float | None = None
     """The cost model's seconds per iteration of `plan` (`spantrain.runtime.prediction`), logged
     beside the measured ones; None: not predicted."""
+    prediction_comparable: bool = False
+    """Whether `predicted_step_s` holds against this run's measured times
+    (`spantrain.runtime.prediction.comparable`): the drift watch then also reports a plan that
+    is slow from its first iterations, which its own baseline cannot show."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

@@ -148,7 +148,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                       "predicted_step_s": cfg.predicted_step_s})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
-            metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s)
+            metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s,
+                                 prediction_holds=cfg.prediction_comparable)
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,

@@ -403,9 +403,10 @@ def _run(args: argparse.Namespace) -> int:
                     **({"loss_scale": args.loss_scale} if args.loss_scale is not None else {}),
                     measure_links=args.measure_links if args.measure_links is not None else args.adapt,
                     calibration=calibration.to_dict() if calibration is not None else None,
-                    predicted_step_s=predicted_step_s(cluster, workload, plan, calibration))
+                    predicted_step_s=predicted_step_s(cluster, workload, plan, calibration),
+                    prediction_comparable=comparable(cluster, workload, plan, where=where))
     prediction = {"prediction_calibration": calibration_name(args.calibration, emulated=emulated),
-                  "prediction_comparable": comparable(cluster, workload, plan, where=where)}
+                  "prediction_comparable": cfg.prediction_comparable}
 
     if torchrun:
         result = _run_torchrun(cfg)

@@ -30,6 +30,39 @@ def test_drift_is_reported_once_the_recent_median_doubles_and_again_only_at_the_
     assert reports[0][1] == 3.0 >= DRIFT_FACTOR and reports[1][1] == 7.0
 
 
+def test_a_plan_slow_from_the_start_is_drift_against_the_prediction_when_it_holds():
+    # the link slowed during warm-up: the baseline already holds the slowdown
+    times = [5.0, 5.0] + [3.0] * 10 + [7.0] * 10
+    assert all(DriftWatch().add(t) is None for t in times[:12])
+    watch = DriftWatch(expected=1.0)
+    reports = [(i, r, watch.reference_name) for i, t in enumerate(times) if (r := watch.add(t)) is not None]
+    # at the baseline (index 6): 3x the prediction; then 7/3 >= 2x the baseline, as without a prediction
+    assert reports == [(6, 3.0, "prediction"), (14, 7.0 / 3.0, "start")]
+    # within the factor of the prediction: the baseline alone, as before
+    assert all(DriftWatch(expected=1.6).add(t) is None for t in times[:12])
+
+
+def test_metrics_log_names_the_prediction_it_measured_the_slowdown_against(tmp_path):
+    heard = []
+    log = MetricsLog(tmp_path / "m.jsonl", announce=heard.append, predicted_step_s=0.5, prediction_holds=True)
+    for k, t in enumerate([2.0] * 8):
+        log.step(_record(k + 1, t))
+    log.close()
+    (drift,) = [x for x in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if x.get("event")]
+    assert drift == {"event": "drift", "step": 7, "slowdown": 4.0, "baseline_step_s": 0.5, "recent_step_s": 2.0,
+                     "reference": "prediction"}
+    assert heard == ["iterations are 4.0x slower than the cost model predicts for this plan (median 2 s over the last "
+                     "5, predicted 0.5 s; iteration 7): if links or devices changed, re-measure them (spantrain "
+                     "profile) and adapt the plan (spantrain plan --from PLAN), then continue with spantrain run "
+                     "--resume"]
+    # a prediction that does not hold (a plain local run's) is no reference
+    log = MetricsLog(tmp_path / "n.jsonl", predicted_step_s=0.5)
+    for k, t in enumerate([2.0] * 8):
+        log.step(_record(k + 1, t))
+    log.close()
+    assert not [x for x in (tmp_path / "n.jsonl").read_text().splitlines() if "drift" in x]
+
+
 def test_metrics_log_writes_the_drift_event_and_announces_it(tmp_path):
     heard = []
     log = MetricsLog(tmp_path / "m.jsonl", announce=heard.append)

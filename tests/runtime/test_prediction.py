@@ -22,7 +22,8 @@ def _inputs(layer_times: bool = False) -> tuple[Cluster, Workload, Plan]:
     spec = {**CLUSTER, "devices": [dict(d) for d in CLUSTER["devices"]]}
     if layer_times:  # as `spantrain profile` writes them
         for d in spec["devices"]:
-            d["layer_times"] = {MODEL["name"]: {"batch": 1, "forward_ms": [2.0] * 4, "backward_ms": [4.0] * 4}}
+            n = workload.num_layers
+            d["layer_times"] = {MODEL["name"]: {"batch": 1, "forward_ms": [2.0] * n, "backward_ms": [4.0] * n}}
     return Cluster.from_spec(spec, "cluster"), workload, Plan.from_dict(plan("1f1b", "allreduce", ASYMMETRIC))
 
 
@@ -104,3 +105,31 @@ def test_the_memory_check_before_launch_uses_the_runs_calibration():
     # (it had been chosen with them, and was then said not to fit, "`spantrain plan` finds one that fits")
     small = Calibration(state_bytes_per_param=1e-4, optimizer_bytes_per_param=1e-4)
     assert check_memory(tight, workload, p, on_this_machine=False, calibration=small) is None
+
+
+@pytest.mark.parametrize(("emulate", "profiled", "holds"), [(True, True, True), (True, False, False),
+                                                            (False, True, False)])
+def test_the_run_tells_its_workers_whether_the_prediction_holds(tmp_path, monkeypatch, emulate, profiled, holds):
+    import json
+
+    from runtime_helpers import spantrain_here
+
+    from spantrain.runtime import launcher
+
+    seen = {}
+
+    def capture(cfg, **kwargs):
+        seen["holds"] = cfg.prediction_comparable
+        raise KeyboardInterrupt  # enough: the run's configuration is made
+
+    monkeypatch.setattr(launcher, "launch_emulated" if emulate else "launch_local", capture)
+    cluster, _, _ = _inputs(layer_times=profiled)
+    paths = {name: tmp_path / f"{name}.json" for name in ("cluster", "model", "plan")}
+    paths["cluster"].write_text(json.dumps(cluster.to_spec()))
+    paths["model"].write_text(json.dumps(MODEL))
+    paths["plan"].write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))
+    code, _, err = spantrain_here("run", "--cluster", str(paths["cluster"]), "--model", str(paths["model"]), "--plan",
+                                  str(paths["plan"]), "--steps", "1", "--run-dir", str(tmp_path / "run"),
+                                  *(["--emulate"] if emulate else []))
+    # the drift watch measures a plan slow from the start against the prediction only where it holds
+    assert code == 130 and seen["holds"] is holds, err
