@@ -79,6 +79,13 @@ class PairMeasurement:
     b_to_a: float
 
 
+def _settle(torch, device) -> None:
+    """On a GPU, wait until the queued transfers are done: NCCL's send and receive return
+    before they are, which would time their launch, not the link."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _ping_pong(dist, torch, me: int, peer: int, first: bool, slot_s: float, device=None) -> float:
     """Shortest round trip over pings that fit `slot_s` (the side with `first` starts and times)."""
     x = torch.zeros(1, device=device)
@@ -89,12 +96,14 @@ def _ping_pong(dist, torch, me: int, peer: int, first: bool, slot_s: float, devi
         if first:
             stop = k > _MIN_PINGS and time.perf_counter() - t_start > slot_s
             x.fill_(-1.0 if stop else 1.0)
+            _settle(torch, device)
             t0 = time.perf_counter()
             delay_before_send(me, peer)
             dist.send(x, peer)
             if stop:
                 break
             dist.recv(x, peer)
+            _settle(torch, device)
             if k > 0:  # the first exchange warms the connection up
                 rtts.append(time.perf_counter() - t0)
         else:
@@ -112,10 +121,12 @@ def _timed_send(dist, torch, me: int, peer: int, nbytes: int, device=None) -> fl
     dist.send(size, peer)
     data = torch.empty(nbytes, dtype=torch.uint8, device=device)
     ack = torch.zeros(1, device=device)
+    _settle(torch, device)
     t0 = time.perf_counter()
     delay_before_send(me, peer, nbytes)
     dist.send(data, peer)
     dist.recv(ack, peer)
+    _settle(torch, device)
     return time.perf_counter() - t0
 
 

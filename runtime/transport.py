@@ -16,7 +16,15 @@ sides, so this cannot deadlock), which lets emulated latency apply per message. 
 pipelining helpers are private: if a torch release renames them, `install` says so instead
 of silently running untimed.
 
-Backend: NCCL when CUDA is available (each rank on ``cuda:{local_rank}``), gloo otherwise.
+Backend (`choose_backend`): NCCL when CUDA is available (each rank on ``cuda:{local_rank}``),
+gloo on the CPU otherwise, on the emulated cluster (its devices are CPU processes under CPU
+quotas, and NCCL would bypass its shaped network), with ``SPANTRAIN_DEVICE=cpu``, and for a
+local run with more workers than GPUs. NCCL's send and receive block on the GPU in the order
+they are queued, so under NCCL a batch that mixes sends and receives (1F1B's steady state)
+goes through `torch.distributed.batch_isend_irecv` as one group, as torch's own helper does;
+and since NCCL's waits return before the GPU is done, the transport synchronizes the device
+around every wait and collective, so the metrics' split of compute and communication time
+holds on GPUs too.
 """
 
 from __future__ import annotations
@@ -32,17 +40,42 @@ import torch.distributed as dist
 
 from spantrain.errors import ExecutionError
 
-__all__ = ["TransferStats", "Transport", "choose_backend"]
+__all__ = ["TransferStats", "Transport", "choose_backend", "visible_gpus", "DEVICE_ENV"]
+
+DEVICE_ENV = "SPANTRAIN_DEVICE"
+"""``cpu``: train with gloo on the CPU although GPUs are there."""
 
 
-def choose_backend(local_rank: int = 0) -> tuple[str, torch.device]:
-    """(backend, device) for this process: NCCL on its own GPU when CUDA is there, else gloo on the CPU."""
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        count = torch.cuda.device_count()
-        device = torch.device("cuda", local_rank % count)
-        torch.cuda.set_device(device)
-        return "nccl", device
-    return "gloo", torch.device("cpu")
+def visible_gpus() -> int:
+    """GPUs this host's workers may train on: 0 (gloo on the CPU) without CUDA or NCCL, on the
+    emulated cluster, or with ``SPANTRAIN_DEVICE=cpu``; else how many CUDA sees.
+    Safe before forking workers: `torch.cuda.device_count` asks NVML, not the CUDA runtime."""
+    if os.environ.get("SPANTRAIN_EMULATION") or os.environ.get(DEVICE_ENV, "").lower() == "cpu":
+        return 0
+    if not dist.is_nccl_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def choose_backend(local_rank: int = 0, local_world: int = 1, *, local: bool = False) -> tuple[str, torch.device]:
+    """(backend, device) for the worker of `local_rank` among `local_world` on this host: NCCL
+    on its own GPU, else gloo on the CPU (module docstring). `local`: the workers were started
+    by spantrain's launcher, which falls back to the CPU when they outnumber the GPUs; under
+    torchrun that is the user's mistake, named in an `ExecutionError`."""
+    count = visible_gpus()
+    if count == 0 or not torch.cuda.is_available():
+        return "gloo", torch.device("cpu")
+    if local_world > count:
+        if local:
+            return "gloo", torch.device("cpu")
+        # one visible GPU each (CUDA_VISIBLE_DEVICES set per process) is a layout that works
+        if not (count == 1 and os.environ.get("CUDA_VISIBLE_DEVICES")):
+            raise ExecutionError(f"{local_world} processes on this host (LOCAL_WORLD_SIZE) but {count} GPU(s) "
+                                 f"visible: start at most {count} per node (torchrun --nproc-per-node {count}), or "
+                                 f"train on the CPU with {DEVICE_ENV}=cpu")
+    device = torch.device("cuda", local_rank if count > 1 else 0)
+    torch.cuda.set_device(device)
+    return "nccl", device
 
 
 @dataclass
@@ -85,10 +118,10 @@ class Transport:
 
     @classmethod
     def init(cls, *, rank: int, world_size: int, init_method: str | None, timeout_s: float,
-             local_rank: int = 0) -> Transport:
+             local_rank: int = 0, local_world: int = 1, local: bool = False) -> Transport:
         """Join the default process group (``init_method=None`` reads torchrun's ``env://``;
         ``file://PATH`` is a file store at PATH, taken literally)."""
-        backend, device = choose_backend(local_rank)
+        backend, device = choose_backend(local_rank, local_world, local=local)
         timeout = timedelta(seconds=timeout_s)
         if init_method and init_method.startswith("file://"):
             # The local launcher's rendezvous file, opened as a path, not parsed as a URL: a '?' or
@@ -140,7 +173,14 @@ class Transport:
     # ---- point to point ----------------------------------------------------------------------
 
     def issue(self, ops: list[dist.P2POp]) -> list[dist.Work]:
-        """Start each operation on its own; the caller waits on the returned works."""
+        """Start each operation on its own (under NCCL, a batch mixing sends and receives as one
+        group); the caller waits on the returned works."""
+        if self.backend == "nccl" and self._delayed is None and len({op.op for op in ops}) > 1:
+            for op in ops:
+                if op.op is dist.isend:
+                    self.stats.bytes_sent += op.tensor.numel() * op.tensor.element_size()
+            self.stats.messages += len(ops)
+            return dist.batch_isend_irecv(ops)
         works = []
         for op in ops:
             if op.op is dist.isend:
@@ -161,11 +201,19 @@ class Transport:
             self.stats.messages += 1
         return works
 
+    def settle(self) -> None:
+        """On a GPU, wait for the work queued on it (a no-op on the CPU, whose ops are done when
+        they return): NCCL's waits return once the GPU is told to wait, not when it has."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def wait(self, works: Iterable[dist.Work]) -> None:
         """Block until the transfers are done; the time counts as waiting on transfers."""
+        self.settle()  # the compute queued before is the stage's, not the wait's
         t0 = time.perf_counter()
         for w in works:
             w.wait()
+        self.settle()
         self.stats.p2p_wait_s += time.perf_counter() - t0
 
     # ---- collectives ---------------------------------------------------------------------------
@@ -179,16 +227,20 @@ class Transport:
 
     def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
         """Sum `tensor` in place over `group`."""
+        self.settle()
         t0 = time.perf_counter()
         self._collective_latency(group)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        self.settle()
         self.stats.collective_s += time.perf_counter() - t0
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> None:
         """Copy `tensor` from global rank `src` to every member of `group`."""
+        self.settle()
         t0 = time.perf_counter()
         self._collective_latency(group)
         dist.broadcast(tensor, src=src, group=group)
+        self.settle()
         self.stats.collective_s += time.perf_counter() - t0
 
     def all_gather_rows(self, row: torch.Tensor) -> torch.Tensor:

@@ -56,9 +56,9 @@ from spantrain.runtime.pipeline import build_stage_runner
 from spantrain.runtime.preflight import threads_per_rank
 from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
-from spantrain.runtime.transport import Transport
+from spantrain.runtime.transport import Transport, visible_gpus
 
-__all__ = ["StopFlag", "run_worker", "guarded"]
+__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision"]
 
 class StopFlag:
     """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit."""
@@ -68,6 +68,16 @@ class StopFlag:
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+
+def agreed_precision(precision: str, transport: Transport) -> str:
+    """What every rank trains in: `precision`, except bf16 where any rank's GPU lacks native
+    bf16 (pre-Ampere GPUs emulate it, slower than fp32): then fp32 everywhere, since ranks must
+    train alike. A collective call when bf16 runs on GPUs."""
+    if precision != "bf16" or transport.device.type != "cuda":
+        return precision
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    return "bf16" if all(transport.all_gather_object(native)) else "fp32"
 
 
 def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | None, local: bool,
@@ -81,7 +91,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
     torch.manual_seed(cfg.seed)
 
     transport = Transport.init(rank=rank, world_size=world_size, init_method=init_method, timeout_s=cfg.timeout_s,
-                               local_rank=rank if local else int(os.environ.get("LOCAL_RANK", "0")))
+                               local_rank=rank if local else int(os.environ.get("LOCAL_RANK", "0")),
+                               local_world=local_world, local=local)
     transport.install()
     try:
         if local:
@@ -98,9 +109,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         holder_groups = build_holder_groups(layout, workload.num_layers, plan.sync.mode, transport)
 
         device = transport.device
-        precision = cfg.precision
-        if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            precision = "fp32"  # pre-Ampere GPUs: bf16 would be emulated, slower than fp32
+        precision = agreed_precision(cfg.precision, transport)
         module = build_stage_module(workload, *me.layers, seed=cfg.seed, device=device, precision=precision)
         optimizer = make_optimizer(module, cfg.optim)
         scaler = LossScaler(scale=cfg.loss_scale) if precision == "fp16" else None
@@ -152,6 +161,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                  prediction_holds=cfg.prediction_comparable)
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
+            if local and transport.backend == "gloo" and visible_gpus() > 0:
+                metrics.event("note", text=f"{world_size} workers and {visible_gpus()} GPU(s) on this machine: "
+                                           "training on the CPU with gloo (NCCL needs a GPU per worker)")
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
                           zb_order=runner.order_source, precision=precision,
                           devices={r: role.device for r, role in sorted(layout.roles.items())})
@@ -189,6 +201,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             sync.average_state(module, optimizer, step)
+            transport.settle()  # a GPU's queued work is this iteration's compute
             busy, cpu = time.perf_counter() - t0, time.process_time() - c0
             st = transport.take_stats()
             # detached: float() of a tensor that needs grad prints a UserWarning (on the terminal under torchrun)

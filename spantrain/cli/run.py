@@ -316,6 +316,7 @@ def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.config import OptimConfig, RunConfig
     from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
     from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
+    from spantrain.runtime.transport import visible_gpus
 
     _check_numbers(args)
     _check_paths(args)
@@ -334,7 +335,9 @@ def _run(args: argparse.Namespace) -> int:
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
     if args.emulate_network:
         _check_network(args.emulate_network, args.emulate, plan)
-    note = check_memory(cluster, workload, plan, on_this_machine=not torchrun, calibration=calibration)
+    # a local run on this machine's GPUs (one per worker): their memory is not the host's
+    on_gpus = not (args.emulate or torchrun) and len(plan.devices) <= visible_gpus()
+    note = check_memory(cluster, workload, plan, on_this_machine=not (torchrun or on_gpus), calibration=calibration)
     if note:
         _note(note)
     if args.rank_map:
@@ -416,7 +419,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         world = len(plan.devices)
         cores = cpu_cores()
-        if world > cores and not args.emulate:
+        if world > cores and not (args.emulate or on_gpus):
             _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
                   "are those of shared cores, not of separate devices")
         elif args.threads and args.threads > 1 and args.threads * world > cores:
