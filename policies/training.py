@@ -471,12 +471,14 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
-        # at the run's last step: a resumed part's W&B history starts there, not at 0
+        # at the run's last step (the tracker moves it past what an earlier part of the run logged)
         tracker.log_table("eval/final", list(FINAL_EVAL_COLUMNS), final["rows"], step=model.num_timesteps)
+        # copied: a resumed part rewrites both files, and its first part's versions must keep theirs
         tracker.log_artifact(policy_path, name=POLICY_ARTIFACT, type="model",
-                             aliases=["final"], metadata=meta["final_eval"])
+                             aliases=["final"], metadata=meta["final_eval"], copy=True)
         tracker.log_artifact(best["policy"], name=POLICY_ARTIFACT, type="model", aliases=["best"],
-                             metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]})
+                             metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]},
+                             copy=True)
         plot = _plot_curve(curve, out / "sample_efficiency.png")
         if plot:
             tracker.log_image("eval/curve", plot, step=model.num_timesteps)

@@ -56,6 +56,11 @@ class RunConfig:
     keep_checkpoints: int = 2
     resume: bool = False
     track: bool = False
+    wandb_id: str | None = None
+    """The W&B run this launch logs to: the same for every launch of one job (its ``--adapt``
+    plans, a ``--resume``), so W&B shows the job as one run; None: a new run."""
+    planner: str | None = None
+    """What made the plan (a planner's name, or ``file:PATH``), for W&B's config."""
     timeout_s: float = 300.0
     """Process-group timeout: a collective or transfer that waits longer fails the run."""
     rank_map: str | None = None

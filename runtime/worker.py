@@ -150,11 +150,15 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             from spantrain.tracking import Tracker
 
             tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
+                              run_id=cfg.wandb_id,
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
                                       "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim),
                                       "cluster": cluster.name, "devices": len(plan.devices),
                                       "global_batch": plan.batch, "emulated": transport.emulation is not None,
-                                      "predicted_step_s": cfg.predicted_step_s})
+                                      "planner": cfg.planner, "schedule": plan.schedule, "sync": plan.sync.mode,
+                                      "predicted_step_s": cfg.predicted_step_s,
+                                      "prediction_comparable": cfg.prediction_comparable,
+                                      "start_step": step, "resumed_from": resumed_from})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
             metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s,

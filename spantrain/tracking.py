@@ -7,6 +7,7 @@ and `enabled=False` costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import netrc
 import os
 import sys
@@ -15,7 +16,8 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["Tracker", "wandb_mode", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs"]
+__all__ = ["Tracker", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs",
+           "RUN_ID_FILE"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -37,6 +39,26 @@ def wandb_mode() -> str:
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     return "online" if _netrc_login() else "offline"
+
+
+RUN_ID_FILE = "run-id"
+"""In a tracker's directory: the id of the W&B run last logged there (`wandb_run_id`)."""
+
+
+def wandb_run_id(dir: str | Path, *, resume: bool) -> str:
+    """The W&B run a job logs to from `dir` (its tracker directory): with `resume`, the run
+    last logged there, so a resumed job continues it; else a new id (W&B's form: 8 characters
+    of [a-z0-9]), which every later launch of the job reuses."""
+    import secrets
+    import string
+
+    path = Path(dir) / RUN_ID_FILE
+    if resume:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            saved = path.read_text().strip()
+            if saved and len(saved) <= 64 and saved.isalnum():
+                return saved
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def _netrc_login() -> bool:
@@ -68,6 +90,9 @@ class Tracker:
         self.enabled = enabled
         self.run = None
         self._open_step: int | None = None
+        self._floor = 0  # the first step earlier parts of this run did not log
+        self._last = -1  # the last step this part logged
+        self._steps_file: Path | None = None
         self._set_env: list[str] = []
         self.note: str | None = None
         """Why the run logs offline though online was asked for (also printed to stderr)."""
@@ -95,6 +120,7 @@ class Tracker:
 
         if mode in ("offline", "disabled", "dryrun"):
             self.run = init(mode)
+            self._follow_steps(out)
             return
         # online without a login, or without the network (wandb retried for 90 s, then
         # raised): the job logs offline instead, with a note, rather than failing
@@ -107,44 +133,71 @@ class Tracker:
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")
             print(f"spantrain: note: {self.note}", file=sys.stderr)
+        self._follow_steps(out)
+
+    def _follow_steps(self, out: Path) -> None:
+        """W&B keeps a run's steps increasing: each part of a run notes the last step it logged
+        (`out`/last-step-ID), and a part that continues the run starts past it."""
+        if self.run is None or getattr(self.run, "disabled", False):
+            return
+        with contextlib.suppress(OSError):  # what a resumed job continues (`wandb_run_id`)
+            (out / RUN_ID_FILE).write_text(self.run.id)
+        self._steps_file = out / f"last-step-{self.run.id}"
+        with contextlib.suppress(OSError, ValueError):
+            self._floor = int(self._steps_file.read_text()) + 1
 
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Scalars at `step`. A part that continues a run (`run_id`) logs a step its run already
+        has (a rollout trained again after a resume) at the first one it has not: W&B would
+        drop the row."""
         if self.run is not None:
+            step = self._at(step)
             self.run.log(metrics, step=step)
             # with a step, wandb holds the row open until a later step (or the run's end) commits it
             self._open_step = step
 
     def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int | None = None) -> None:
-        """A table, at `step` when given: a resumed run's history starts past 0, and a row
-        logged below it is dropped when the run's parts are synced."""
+        """A table, at `step` when given (as `log`): a resumed run's history starts past 0, and a
+        row logged below it is dropped when the run's parts are synced."""
         if self.run is not None:
             import wandb
 
-            self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
-            self._open_step = step
+            self.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
 
     def log_image(self, key: str, path: str | Path, step: int | None = None) -> None:
-        """An image file, at `step` when given (as `log_table`)."""
+        """An image file, at `step` when given (as `log`)."""
         if self.run is not None and Path(path).exists():
             import wandb
 
-            self.run.log({key: wandb.Image(str(path))}, step=step)
-            self._open_step = step
+            self.log({key: wandb.Image(str(path))}, step=step)
+
+    def _at(self, step: int | None) -> int | None:
+        """`step`, raised to the first step this run has not logged; the highest kept for the next part."""
+        if step is None:
+            return None
+        step = max(step, self._floor)
+        if step > self._last:
+            self._last = step
+            if self._steps_file is not None:
+                # at every new step, not at the end: a killed part must not make the next one log below it
+                with contextlib.suppress(OSError):
+                    self._steps_file.write_text(str(step))
+        return step
 
     def log_artifact(self, path: str | Path, *, name: str, type: str, aliases: list[str],
-                     metadata: dict[str, Any] | None = None) -> None:
+                     metadata: dict[str, Any] | None = None, copy: bool = False) -> None:
         """Version a file in W&B (a policy checkpoint, say) under `name`, tagged with `aliases`.
 
-        The file is referenced, not copied: wandb's default copies every file to a staging
-        area in the home directory (~/.local/share/wandb) until it is uploaded, which offline
-        is never unless the user syncs. So the file must stay where it is until the run is
-        uploaded (online: at the run's end; offline: `wandb sync`)."""
+        The file is referenced, not copied, so it must stay as it is until the run is uploaded
+        (online: at the run's end; offline: `wandb sync`). `copy`: a file that will be
+        rewritten (a run's final policy, which its resumed part rewrites) is copied instead, to
+        the run's staging directory (``WANDB_DATA_DIR``, which the tracker keeps with the run)."""
         if self.run is not None and not getattr(self.run, "disabled", False):
             import wandb
 
             artifact = wandb.Artifact(name, type=type, metadata=metadata)
             # absolute: the run's record keeps the path, and `wandb sync` may run from another directory
-            artifact.add_file(str(Path(path).resolve()), policy="immutable")
+            artifact.add_file(str(Path(path).resolve()), policy="mutable" if copy else "immutable")
             self.run.log_artifact(artifact, aliases=aliases)
 
     def summary(self, values: dict[str, Any]) -> None:

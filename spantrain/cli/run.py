@@ -317,6 +317,7 @@ def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
     from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
     from spantrain.runtime.transport import visible_gpus
+    from spantrain.tracking import wandb_run_id
 
     _check_numbers(args)
     _check_paths(args)
@@ -401,6 +402,8 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_dir=str(Path(args.checkpoint_dir).resolve()) if args.checkpoint_dir else None,
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
+                    wandb_id=wandb_run_id(run_dir / "wandb", resume=args.resume) if args.track else None,
+                    planner=f"file:{Path(args.plan).resolve()}" if args.plan else args.planner,
                     rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
                     zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision,
                     **({"loss_scale": args.loss_scale} if args.loss_scale is not None else {}),

@@ -165,3 +165,49 @@ def test_tables_and_images_go_to_the_step_they_are_given(tmp_path, monkeypatch):
     tracker.log_image("eval/curve", tmp_path / "curve.png", step=1088)
     tracker.log_table("t", ["case"], [["a"]])  # no step: wandb's own next one
     assert logged == [(["eval/final"], 1088), (["eval/curve"], 1088), (["t"], None)]
+
+
+def test_a_part_that_continues_a_run_logs_past_the_steps_the_run_already_has(tmp_path, monkeypatch):
+    # a resumed train-policy part logged its final table at the step the first part ended on, and
+    # its first rollout again at one the first part had logged: W&B drops both on sync
+    from spantrain.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = Tracker(job_type="test", dir=tmp_path / "wandb")
+    first.log({"x": 1.0}, step=64)
+    first.log({"x": 2.0}, step=128)
+    run_id = first.run_id
+    first.finish()
+    assert (tmp_path / "wandb" / f"last-step-{run_id}").read_text() == "128"
+
+    second = Tracker(job_type="test", dir=tmp_path / "wandb", run_id=run_id)
+    logged = []
+    real_log = second.run.log
+    second.run.log = lambda metrics, step=None, **kw: logged.append(step) or real_log(metrics, step=step, **kw)
+    second.log({"x": 3.0}, step=64)  # trained again after the resume
+    second.log_table("eval/final", ["case"], [["a"]], step=128)
+    second.log({"x": 4.0}, step=192)
+    second.finish()
+    assert logged == [129, 129, 192]
+    assert (tmp_path / "wandb" / f"last-step-{run_id}").read_text() == "192"
+    # a new run starts where it likes
+    third = Tracker(job_type="test", dir=tmp_path / "wandb")
+    assert third._at(0) == 0
+    third.finish()
+
+
+def test_a_copied_artifact_keeps_the_file_as_it_was_when_logged(tmp_path, monkeypatch, wandb_records):
+    # train-policy's resumed part rewrites ppo-policy.pt and best-policy.pt: the first part's
+    # `final` and `best` versions, by reference, then pointed at the second part's weights
+    from spantrain.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DATA_DIR", raising=False)
+    policy = tmp_path / "ppo-policy.pt"
+    policy.write_bytes(b"first part's weights")
+    with Tracker(job_type="test", dir=tmp_path / "wandb") as tracker:
+        tracker.log_artifact(policy, name="ppo-policy", type="model", aliases=["final"], copy=True)
+    wandb_records(tmp_path / "wandb", b"ppo-policy", b"final")
+    policy.write_bytes(b"second part's weights")
+    staged = [p.read_bytes() for p in (tmp_path / "wandb" / "data").rglob("*") if p.is_file()]
+    assert b"first part's weights" in staged, staged

@@ -86,10 +86,10 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     versions: list[tuple[str, list[str]]] = []
     real_artifact = Tracker.log_artifact
 
-    def spy_artifact(self, path, *, name, type, aliases, metadata=None):
+    def spy_artifact(self, path, *, name, type, aliases, metadata=None, copy=False):
         assert (name, type) == ("ppo-policy", "model") and Path(path).exists()
-        versions.append((Path(path).name, aliases))
-        real_artifact(self, path, name=name, type=type, aliases=aliases, metadata=metadata)
+        versions.append((Path(path).name, aliases, copy))
+        real_artifact(self, path, name=name, type=type, aliases=aliases, metadata=metadata, copy=copy)
 
     monkeypatch.setattr(Tracker, "log_artifact", spy_artifact)
     scratch = tmp_path / "tmp"
@@ -116,8 +116,9 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
     # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
-    assert versions == [(f"policy-{s}.pt", [f"step-{s}"]) for s in (0, 48, 96)] + [
-        ("ppo-policy.pt", ["final"]), ("best-policy.pt", ["best"])]
+    # (those two copied: a resumed part rewrites their files)
+    assert versions == [(f"policy-{s}.pt", [f"step-{s}"], False) for s in (0, 48, 96)] + [
+        ("ppo-policy.pt", ["final"], True), ("best-policy.pt", ["best"], True)]
     assert (tmp_path / "run" / "final_eval.csv").read_text().count("\n") == 1 + summary["final"]["cases"]
     # wandb is silenced, so training says where its run is: at the start, and in the summary
     run_dir = next((tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*"))

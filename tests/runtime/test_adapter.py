@@ -111,10 +111,13 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     cluster = tmp_path / "cluster.json"
     changer = rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 3, SLOW_WAN)
     code, out, err = spantrain_here(*_run_args(tmp_path, "adapt", steps, "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                               "--adapt", "--adapt-planner", "heuristic"))
+                                               "--adapt", "--adapt-planner", "heuristic", "--track"))
     changer.join(1)
     assert code == 0, err
     res = json.loads(out)
+    # one job, one W&B run: each plan's launch logs to it (they were separate, unlinked runs)
+    parts = sorted((tmp_path / "adapt" / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(parts) == 2 and len({p.name.split("-")[-1] for p in parts}) == 1, parts
     assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
     assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
     first, second = res["segments"]

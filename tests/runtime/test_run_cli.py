@@ -359,6 +359,15 @@ def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path
     assert res["predicted_step_s"] == pytest.approx(expected) and expected > 0.125 * 8
     # the workers share this machine's cores: a figure to keep, not to compare
     assert res["prediction_calibration"] == "cal.yaml" and res["prediction_comparable"] is False
+    # what made the plan, and what it runs, to group runs by in W&B
+    records = wandb_records(where, b"tracked.plan.json", b"schedule")
+    assert b"file:" in records and b"tracked.plan.json" in records and b"1f1b" in records
+
+    # resumed: the same W&B run continues (it was a new run, unlinked to the first); offline, in a
+    # second directory under the same id, which `wandb sync` of both uploads as one
+    again = Path(run_plan(tmp_path, "tracked", the_plan, 3, "--track", "--resume")["wandb"])
+    assert again != where and again.name.split("-")[-1] == where.name.split("-")[-1]
+    assert (tmp_path / "tracked" / "wandb" / f"last-step-{where.name.split('-')[-1]}").read_text() == "3"
 
 
 def test_a_bad_calibration_file_is_named_by_its_flag_before_any_worker_starts(tmp_path):
