@@ -150,7 +150,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             from spantrain.tracking import Tracker
 
             tracker = Tracker(job_type="run", enabled=cfg.track, dir=Path(cfg.run_dir) / "wandb",
-                              run_id=cfg.wandb_id,
+                              run_id=cfg.wandb_id, name=f"{workload.name} on {cluster.name}: {Path(cfg.run_dir).name}",
                               config={"model": workload.name, "plan": plan.to_dict(), "steps": cfg.steps,
                                       "seed": seed, "precision": precision, **dataclasses.asdict(cfg.optim),
                                       "cluster": cluster.name, "devices": len(plan.devices),

@@ -360,8 +360,9 @@ def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path
     # the workers share this machine's cores: a figure to keep, not to compare
     assert res["prediction_calibration"] == "cal.yaml" and res["prediction_comparable"] is False
     # what made the plan, and what it runs, to group runs by in W&B
-    records = wandb_records(where, b"tracked.plan.json", b"schedule")
+    records = wandb_records(where, b"tracked.plan.json", b"schedule", b"rt-small on rt-test: tracked")
     assert b"file:" in records and b"tracked.plan.json" in records and b"1f1b" in records
+    assert b"rt-small on rt-test: tracked" in records  # the run's name: model, cluster, run directory
 
     # resumed: the same W&B run continues (it was a new run, unlinked to the first); offline, in a
     # second directory under the same id, which `wandb sync` of both uploads as one
