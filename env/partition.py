@@ -24,6 +24,18 @@ Passes of O(S x L^2) over prefix sums (compiled with numba):
 
 The cost model judges the result; the DP only needs to rank partitions well.
 `min_bottleneck_per_sample` is the memory-free relaxation used as a lower bound.
+
+Deep models (more than `COARSE_CUTS` layers): the passes are quadratic in the layers, in
+time and in memory (a 4,096-layer model on 32 devices took 13 minutes and 4.5 GB to plan),
+so they run on `COARSE_CUTS` evenly spaced cut positions instead (ties of fill, which
+identical layers make common, broken towards even stages), and then again on every layer
+boundary within a coarse interval of the cuts found, repeated from the new cuts while
+they move. The lower bound becomes
+a relaxation over the coarse positions that stays a lower bound (each stage's compute only
+over the coarse positions inside it, each link's the least of its interval's), and
+`memory_ratio`, which only words an error, is taken on the coarse positions (it may then
+overstate the shortfall; a pipeline that fits only with a cut between two coarse
+positions is judged not to).
 """
 
 from __future__ import annotations
@@ -34,29 +46,63 @@ from numba import njit
 from spantrain.env.calibration import C_MSG, C_RESERVED, C_STATE
 from spantrain.env.costmodel import CostModel
 
-__all__ = ["Partitioner", "SLACKS"]
+__all__ = ["Partitioner", "SLACKS", "COARSE_CUTS"]
 
 SLACKS = np.array([1.03, 1.1, 1.25, 1.5, 2.0])
 """Bottleneck limits tried between the min-max one and none, as multiples of it."""
+COARSE_CUTS = 512
+"""Models with more layers are partitioned on this many evenly spaced cut positions, then
+refined layer by layer (module docstring)."""
+_WINDOW_CUTS = 768
+"""At most this many positions in the refining pass (its DP is quadratic in them)."""
+_REFINE_ROUNDS = 16
+"""At most this many refining passes."""
+_TIE = 1e-6
+"""The coarse pass's tie-breaker towards even stages, relative to the bottleneck."""
 
 _INF = np.inf
 
 
 @njit(cache=True)
 def _stage_ok(d, a, b, m, infl, pp, pa, bb, amax, cap, state, reserved, L):
+    return _stage_fits(d, a, b, m, infl, pp, pa, bb, amax[a, b], cap, state, reserved, L)
+
+
+@njit(cache=True)
+def _stage_fits(d, a, b, m, infl, pp, pa, bb, biggest, cap, state, reserved, L):
+    """Whether layers [a, b) fit device d; `biggest`: their largest activation."""
     in_b = bb[a - 1] if a > 0 else 0.0
     out_b = bb[b - 1] if b < L else 0.0
     mem = ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
-           + m * amax[a, b] + reserved)
+           + m * biggest + reserved)
     return mem <= cap[d]
 
 
 @njit(cache=True)
-def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m, M, n_ops, check_memory):
+def _range_max(act, P):
+    """[i, j]: the largest of act[P[i]:P[j]] (j > i), for cut positions P."""
+    n = P.shape[0]
+    out = np.zeros((n, n))
+    for i in range(n - 1):
+        big = 0.0
+        j = i + 1
+        for x in range(P[i], P[n - 1]):
+            if act[x] > big:
+                big = act[x]
+            while j < n and P[j] == x + 1:
+                out[i, j] = big
+                j += 1
+    return out
+
+
+@njit(cache=True)
+def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m, M, n_ops, check_memory,
+               tie=0.0):
     """Stage start layers (length S) of the best partition, or an empty array if none fits.
 
     tfb: per-device per-sample prefix of F + B + W seconds, (devices, L + 1); op_dev: each
-    device's fixed seconds per compute op, paid `n_ops` times per micro-batch."""
+    device's fixed seconds per compute op, paid `n_ops` times per micro-batch. `tie` > 0
+    breaks ties of fill towards even stages (`_least_fill`)."""
     S = devs.shape[0]
     L = bb.shape[0]
     empty = np.empty(0, np.int64)
@@ -120,10 +166,11 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     # thresholds between; none can beat (M - 1) x T* + the unlimited least fill
     U = np.empty((S + 1, L + 1))
     arg = np.empty((S + 1, L + 1), np.int64)
+    tie = tie / t_star if t_star > 0 else 0.0
     best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), cost, link, link_fill, S, L, U, arg,
-                                          devs, tfb, fixed, m)
+                                          devs, tfb, fixed, m, tie)
     best_obj = (M - 1) * bott + fill
-    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m)
+    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie)
     obj = (M - 1) * bott + fill_min
     if obj < best_obj * (1.0 - 1e-12):
         best_obj = obj
@@ -131,7 +178,8 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     for q in range(SLACKS.shape[0]):
         if (M - 1) * t_star + fill_min >= best_obj * (1.0 - 1e-9):
             break
-        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m)
+        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m,
+                                         tie)
         obj = (M - 1) * bott + fill
         if obj < best_obj * (1.0 - 1e-12):
             best_obj = obj
@@ -140,11 +188,13 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
 
 
 @njit(cache=True)
-def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m):
+def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
     (starts, fill, actual bottleneck); fill inf when there is none. First layers whose
     stage compute alone exceeds T are skipped (`devs`, `tfb`, `fixed`, `m` give it); the
-    scan keeps ascending order, so ties resolve as without the skip."""
+    scan keeps ascending order, so ties resolve as without the skip. `tie` > 0 adds
+    tie x stage seconds squared to each stage: of partitions with the same fill (identical
+    layers), the evenest; the fill returned is without it."""
     U[:, :] = _INF
     U[0, 0] = 0.0
     for s in range(1, S + 1):
@@ -163,7 +213,7 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m):
                 c = cost[s - 1, a, b]
                 if c > T:
                     continue
-                u = U[s - 1, a] + c
+                u = U[s - 1, a] + c + tie * c * c
                 if s > 1:
                     if link[s - 1, a] > T:
                         continue
@@ -178,15 +228,19 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m):
         return starts, _INF, _INF
     b = L
     bott = 0.0
+    fill = 0.0
     for s in range(S, 0, -1):
         a = arg[s, b]
         starts[s - 1] = a
+        fill += cost[s - 1, a, b]
         if cost[s - 1, a, b] > bott:
             bott = cost[s - 1, a, b]
-        if s > 1 and link[s - 1, a] > bott:
-            bott = link[s - 1, a]
+        if s > 1:
+            fill += link_fill[s - 1, a]
+            if link[s - 1, a] > bott:
+                bott = link[s - 1, a]
         b = a
-    return starts, U[S, L], bott
+    return starts, fill if tie > 0 else U[S, L], bott
 
 
 @njit(cache=True)
@@ -253,6 +307,49 @@ def _min_bottleneck(devs, tfb, bb, bw, msg_free):
     return V[S, L]
 
 
+@njit(cache=True)
+def _min_bottleneck_coarse(devs, tfb, bb, bw, P):
+    """A lower bound on `_min_bottleneck` from the cut positions `P` alone: a cut in coarse
+    interval g lies in (P[g-1], P[g]]; a stage between intervals g' and g computes at least
+    the layers [P[g'], P[g-1]), and a link at least the least boundary of its interval."""
+    S = devs.shape[0]
+    L = bb.shape[0]
+    K = P.shape[0] - 1
+    if S > L:
+        return _INF
+    bbmin = np.full(K + 1, _INF)
+    for g in range(1, K + 1):
+        for a in range(P[g - 1] + 1, min(P[g], L - 1) + 1):
+            if bb[a - 1] < bbmin[g]:
+                bbmin[g] = bb[a - 1]
+    V = np.full((S + 1, K + 1), _INF)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        d = devs[s - 1]
+        lo = 0 if s == 1 else 1  # the first stage starts at layer 0 exactly
+        for g in range(K + 1) if s < S else range(K, K + 1):
+            if s < S and g == 0:
+                continue
+            end = tfb[d, L] if s == S else tfb[d, P[g - 1]]  # the last stage ends at L exactly
+            best = _INF
+            for g0 in range(lo, g + 1):
+                v = V[s - 1, g0]
+                if v == _INF:
+                    continue
+                c = end - tfb[d, P[g0]]
+                if c > v:
+                    v = c
+                if s > 1:
+                    d0 = devs[s - 2]
+                    occ = bbmin[g0] / min(bw[d0, d], bw[d, d0])
+                    if occ > v:
+                        v = occ
+                if v < best:
+                    best = v
+            V[s, g] = best
+    return V[S, K]
+
+
 class Partitioner:
     """Layer partitions for one cost model; results are memoized per request.
 
@@ -266,11 +363,15 @@ class Partitioner:
         self.num_layers = L
         self._tfb = np.ascontiguousarray(model.forward_prefix + model.input_grad_prefix + model.weight_grad_prefix)
         act = model.activation_bytes
-        amax = np.zeros((L + 1, L + 1))
-        for a in range(L):
-            amax[a, a + 1:] = np.maximum.accumulate(act[a:])
-        self._amax = amax
         self._bb = np.ascontiguousarray(model.boundary_bytes)
+        # the cut positions the DP passes consider: every layer boundary, or for deep models
+        # evenly spaced ones (module docstring); the arrays below are the DP's view of them
+        P = (np.arange(L + 1) if L <= COARSE_CUTS
+             else np.unique(np.linspace(0, L, COARSE_CUTS + 1).round().astype(np.int64)))
+        self._cuts = P
+        self._coarse = len(P) < L + 1
+        self._act = act
+        self._view = self._at(P)
         # fixed seconds per op as the cost model charges them (an empty layer range)
         self._op = np.array([model.compute_time(d, 0, 0, 1)[0] for d in range(len(model.cluster))])
         self._classes = list(classes) if classes is not None else None
@@ -302,15 +403,42 @@ class Partitioner:
         S = len(devices)
         infl = self.in_flight(schedule, S, M)
         n_ops = 2.0 if schedule in ("gpipe", "1f1b") else 3.0
-        mdl = self.model
-        starts = _partition(np.array(devices, dtype=np.int64), self._tfb, self._op, self._bb, mdl.bandwidth,
-                            mdl.latency, mdl.params_prefix, mdl.activation_prefix, self._amax, mdl.capacity_bytes,
-                            mdl.calib, infl, float(m), int(M), n_ops, check_memory)
+        devs = np.array(devices, dtype=np.int64)
+        starts = self._run(devs, self._cuts, self._view, infl, m, M, n_ops, check_memory, _TIE if self._coarse else 0.0)
+        if len(starts) and self._coarse:
+            # refine: every layer boundary within a coarse interval of the cuts, again from the
+            # cuts found while they move (a run of small stages may need to travel further)
+            L = self.num_layers
+            reach = int(np.max(np.diff(self._cuts)))
+            reach = max(1, min(reach, (_WINDOW_CUTS // max(S - 1, 1) - 1) // 2))
+            for _ in range(_REFINE_ROUNDS):
+                near = np.unique(np.clip(starts[1:, None] + np.arange(-reach, reach + 1)[None, :], 1, L - 1))
+                window = np.concatenate(([0], near, [L])).astype(np.int64)
+                fine = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0)
+                if not len(fine) or np.array_equal(fine, starts):
+                    break
+                starts = fine
         out = tuple(starts.tolist()) if len(starts) else None
         if len(self._cache) > 500_000:
             self._cache.clear()
         self._cache[key] = out
         return out
+
+    def _at(self, P: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The DP's arrays for cut positions `P` (0 and L among them): compute prefixes, the
+        boundary at each position, parameter and activation prefixes, activation maxima."""
+        mdl = self.model
+        return (np.ascontiguousarray(self._tfb[:, P]), np.ascontiguousarray(self._bb[P[1:] - 1]),
+                np.ascontiguousarray(mdl.params_prefix[P]), np.ascontiguousarray(mdl.activation_prefix[P]),
+                _range_max(self._act, P))
+
+    def _run(self, devs, P, view, infl, m, M, n_ops, check_memory, tie) -> np.ndarray:
+        """`_partition` over the cut positions `P`; the stage start layers (empty: none fits)."""
+        tfb, bb, pp, pa, amax = view
+        mdl = self.model
+        starts = _partition(devs, tfb, self._op, bb, mdl.bandwidth, mdl.latency, pp, pa, amax, mdl.capacity_bytes,
+                            mdl.calib, infl, float(m), int(M), n_ops, check_memory, tie)
+        return P[starts] if len(starts) else starts
 
     def min_bottleneck_per_sample(self, devices: tuple[int, ...]) -> float:
         """Lower bound on per-sample seconds of the pipeline's slowest stage or link, over
@@ -320,8 +448,9 @@ class Partitioner:
         hit = self._lb_cache.get(key)
         if hit is None:
             mdl = self.model
-            hit = float(_min_bottleneck(np.array(devices, dtype=np.int64), self._tfb, self._bb, mdl.bandwidth,
-                                        True))
+            devs = np.array(devices, dtype=np.int64)
+            hit = float(_min_bottleneck_coarse(devs, self._tfb, self._bb, mdl.bandwidth, self._cuts) if self._coarse
+                        else _min_bottleneck(devs, self._tfb, self._bb, mdl.bandwidth, True))
             self._lb_cache[key] = hit
         return hit
 
@@ -330,8 +459,9 @@ class Partitioner:
         partition fits; how far off says how much more memory the pipeline needs)."""
         infl = self.in_flight(schedule, len(devices), M)
         mdl = self.model
-        return float(_memory_ratio(np.array(devices, dtype=np.int64), self._bb, mdl.params_prefix,
-                                   mdl.activation_prefix, self._amax, mdl.capacity_bytes, mdl.calib, infl, float(m)))
+        _, bb, pp, pa, amax = self._view
+        return float(_memory_ratio(np.array(devices, dtype=np.int64), bb, pp, pa, amax, mdl.capacity_bytes, mdl.calib,
+                                   infl, float(m)))
 
     def fits_alone(self, device: int, m: int = 1) -> bool:
         """Whether the whole model fits on one device at micro-batch m (one in flight)."""
