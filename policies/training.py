@@ -278,8 +278,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     if resumed is not None:
         _restore(model, resumed)
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
-    tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track, name=out.resolve().name or None,
-                      dir=out / "wandb", run_id=resumed.wandb_id if resumed else None)
+    tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
+                      name=out.resolve().name or None, dir=out / "wandb",
+                      run_id=resumed.wandb_id if resumed else None)
     wandb_run = tracker.url_or_dir
     if resumed is not None:
         print(f"train-policy: resuming {out} at PPO step {resumed.num_timesteps:,} (its last update)"
