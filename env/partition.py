@@ -31,8 +31,7 @@ so they run on `COARSE_CUTS` evenly spaced cut positions instead (ties of fill, 
 identical layers make common, broken towards even stages), and then again on every layer
 boundary within a coarse interval of the cuts found, repeated from the new cuts while
 they move. The lower bound becomes
-a relaxation over the coarse positions that stays a lower bound (each stage's compute only
-over the coarse positions inside it, each link's the least of its interval's), and
+a relaxation over the coarse positions that stays a lower bound (`_min_bottleneck`), and
 `memory_ratio`, which only words an error, is taken on the coarse positions (it may then
 overstate the shortfall; a pipeline that fits only with a cut between two coarse
 positions is judged not to).
@@ -277,41 +276,13 @@ def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
 
 
 @njit(cache=True)
-def _min_bottleneck(devs, tfb, bb, bw, msg_free):
-    """Min over partitions of the max per-sample stage or link seconds (no memory limit)."""
-    S = devs.shape[0]
-    L = bb.shape[0]
-    if S > L:
-        return _INF
-    V = np.full((S + 1, L + 1), _INF)
-    V[0, 0] = 0.0
-    for s in range(1, S + 1):
-        d = devs[s - 1]
-        for b in range(s, L - (S - s) + 1):
-            best = _INF
-            for a in range(s - 1, b):
-                v = V[s - 1, a]
-                if v == _INF:
-                    continue
-                c = tfb[d, b] - tfb[d, a]
-                if c > v:
-                    v = c
-                if s > 1:
-                    d0 = devs[s - 2]
-                    occ = bb[a - 1] / min(bw[d0, d], bw[d, d0])
-                    if occ > v:
-                        v = occ
-                if v < best:
-                    best = v
-            V[s, b] = best
-    return V[S, L]
-
-
-@njit(cache=True)
-def _min_bottleneck_coarse(devs, tfb, bb, bw, P):
-    """A lower bound on `_min_bottleneck` from the cut positions `P` alone: a cut in coarse
-    interval g lies in (P[g-1], P[g]]; a stage between intervals g' and g computes at least
-    the layers [P[g'], P[g-1]), and a link at least the least boundary of its interval."""
+def _min_bottleneck(devs, tfb, bb, bw, P):
+    """Min over partitions of the max per-sample stage or link seconds (no memory limit),
+    with cuts at the positions `P` (0 and L among them): a lower bound of the same over
+    every layer boundary, which it equals when `P` is every one. A cut in coarse interval g
+    lies in (P[g-1], P[g]]: a stage from interval g0 to g computes at least the layers
+    [P[g0], P[g-1] + 1), a link at least the least boundary in its interval, and an
+    interval of two or more positions may hold several cuts."""
     S = devs.shape[0]
     L = bb.shape[0]
     K = P.shape[0] - 1
@@ -327,12 +298,11 @@ def _min_bottleneck_coarse(devs, tfb, bb, bw, P):
     for s in range(1, S + 1):
         d = devs[s - 1]
         lo = 0 if s == 1 else 1  # the first stage starts at layer 0 exactly
-        for g in range(K + 1) if s < S else range(K, K + 1):
-            if s < S and g == 0:
-                continue
-            end = tfb[d, L] if s == S else tfb[d, P[g - 1]]  # the last stage ends at L exactly
+        for g in range(1, K + 1) if s < S else range(K, K + 1):
+            end = tfb[d, L] if s == S else tfb[d, P[g - 1] + 1]  # the last stage ends at L exactly
+            top = g if P[g] - P[g - 1] > 1 else g - 1
             best = _INF
-            for g0 in range(lo, g + 1):
+            for g0 in range(lo, top + 1):
                 v = V[s - 1, g0]
                 if v == _INF:
                     continue
@@ -449,8 +419,7 @@ class Partitioner:
         if hit is None:
             mdl = self.model
             devs = np.array(devices, dtype=np.int64)
-            hit = float(_min_bottleneck_coarse(devs, self._tfb, self._bb, mdl.bandwidth, self._cuts) if self._coarse
-                        else _min_bottleneck(devs, self._tfb, self._bb, mdl.bandwidth, True))
+            hit = float(_min_bottleneck(devs, self._tfb, self._bb, mdl.bandwidth, self._cuts))
             self._lb_cache[key] = hit
         return hit
 
