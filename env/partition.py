@@ -27,14 +27,15 @@ The cost model judges the result; the DP only needs to rank partitions well.
 
 Deep models (more than `COARSE_CUTS` layers): the passes are quadratic in the layers, in
 time and in memory (a 4,096-layer model on 32 devices took 13 minutes and 4.5 GB to plan),
-so they run on `COARSE_CUTS` evenly spaced cut positions instead (ties of fill, which
-identical layers make common, broken towards even stages), and then again on every layer
-boundary within a coarse interval of the cuts found, repeated from the new cuts while
-they move. The lower bound becomes
-a relaxation over the coarse positions that stays a lower bound (`_min_bottleneck`), and
-`memory_ratio`, which only words an error, is taken on the coarse positions (it may then
-overstate the shortfall; a pipeline that fits only with a cut between two coarse
-positions is judged not to).
+so they run on `COARSE_CUTS` evenly spaced cut positions instead (2 S for pipelines of
+more stages; ties of fill, which identical layers make common, broken towards even
+stages), then again on every layer boundary within a coarse interval of the cuts found,
+repeated from the new cuts while they move, keeping the best by the DP's objective. A
+pipeline that fits memory only with a cut between coarse positions is found by the exact
+memory DP, whose partition then starts the refinement. The lower bound becomes a
+relaxation over the coarse positions that stays a lower bound (`_min_bottleneck`), and
+`memory_ratio`, which only words an error, is taken on the coarse positions (it may
+overstate the shortfall).
 """
 
 from __future__ import annotations
@@ -244,15 +245,17 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie
 
 @njit(cache=True)
 def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
-    """Min over partitions of the max over stages of (stage memory / device memory):
-    <= 1 exactly when some partition fits."""
+    """(min over partitions of the max over stages of stage memory / device memory, the
+    stage starts of such a partition): the ratio is <= 1 exactly when some partition fits."""
     S = devs.shape[0]
     L = bb.shape[0]
+    starts = np.zeros(S, np.int64)
     if S > L:
-        return _INF
+        return _INF, starts
     state = calib[C_STATE]
     reserved = calib[C_RESERVED]
     V = np.full((S + 1, L + 1), _INF)
+    arg = np.zeros((S + 1, L + 1), np.int64)
     V[0, 0] = 0.0
     for s in range(1, S + 1):
         d = devs[s - 1]
@@ -271,8 +274,34 @@ def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
                     v = r
                 if v < best:
                     best = v
+                    arg[s, b] = a
             V[s, b] = best
-    return V[S, L]
+    b = L
+    for s in range(S, 0, -1):
+        starts[s - 1] = arg[s, b]
+        b = arg[s, b]
+    return V[S, L], starts
+
+
+@njit(cache=True)
+def _objective(starts, devs, tfb, op_dev, bb, bw, lat, calib, m, M, n_ops):
+    """(M - 1) x bottleneck + fill of the partition `starts`, as `_partition` weighs them."""
+    S = devs.shape[0]
+    L = bb.shape[0]
+    bott = 0.0
+    fill = 0.0
+    for s in range(S):
+        d = devs[s]
+        b = starts[s + 1] if s + 1 < S else L
+        c = m * (tfb[d, b] - tfb[d, starts[s]]) + op_dev[d] * n_ops
+        bott = max(bott, c)
+        fill += c
+        if s > 0:
+            d0 = devs[s - 1]
+            occ = m * bb[starts[s] - 1] / min(bw[d0, d], bw[d, d0]) + calib[C_MSG]
+            bott = max(bott, occ)
+            fill += 2.0 * occ + lat[d0, d] + lat[d, d0]
+    return (M - 1) * bott + fill
 
 
 @njit(cache=True)
@@ -336,12 +365,10 @@ class Partitioner:
         self._bb = np.ascontiguousarray(model.boundary_bytes)
         # the cut positions the DP passes consider: every layer boundary, or for deep models
         # evenly spaced ones (module docstring); the arrays below are the DP's view of them
-        P = (np.arange(L + 1) if L <= COARSE_CUTS
-             else np.unique(np.linspace(0, L, COARSE_CUTS + 1).round().astype(np.int64)))
-        self._cuts = P
-        self._coarse = len(P) < L + 1
         self._act = act
-        self._view = self._at(P)
+        self._views: dict[int, tuple[np.ndarray, tuple[np.ndarray, ...]]] = {}
+        self._cuts = self._positions(1)[0]
+        self._coarse = len(self._cuts) < L + 1
         # fixed seconds per op as the cost model charges them (an empty layer range)
         self._op = np.array([model.compute_time(d, 0, 0, 1)[0] for d in range(len(model.cluster))])
         self._classes = list(classes) if classes is not None else None
@@ -374,25 +401,62 @@ class Partitioner:
         infl = self.in_flight(schedule, S, M)
         n_ops = 2.0 if schedule in ("gpipe", "1f1b") else 3.0
         devs = np.array(devices, dtype=np.int64)
-        starts = self._run(devs, self._cuts, self._view, infl, m, M, n_ops, check_memory, _TIE if self._coarse else 0.0)
-        if len(starts) and self._coarse:
-            # refine: every layer boundary within a coarse interval of the cuts, again from the
-            # cuts found while they move (a run of small stages may need to travel further)
-            L = self.num_layers
-            reach = int(np.max(np.diff(self._cuts)))
-            reach = max(1, min(reach, (_WINDOW_CUTS // max(S - 1, 1) - 1) // 2))
-            for _ in range(_REFINE_ROUNDS):
-                near = np.unique(np.clip(starts[1:, None] + np.arange(-reach, reach + 1)[None, :], 1, L - 1))
-                window = np.concatenate(([0], near, [L])).astype(np.int64)
-                fine = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0)
-                if not len(fine) or np.array_equal(fine, starts):
-                    break
-                starts = fine
+        cuts, view = self._positions(S)
+        coarse = len(cuts) < self.num_layers + 1
+        starts = self._run(devs, cuts, view, infl, m, M, n_ops, check_memory, _TIE if coarse else 0.0)
+        if coarse and not len(starts) and check_memory:
+            # it may fit only with a cut between coarse positions: the exact memory DP says so,
+            # and where (its partition then starts the refinement)
+            _, bb, pp, pa, amax = self._positions(self.num_layers)[1]
+            ratio, fits = _memory_ratio(devs, bb, pp, pa, amax, self.model.capacity_bytes, self.model.calib, infl,
+                                        float(m))
+            if ratio <= 1.0:
+                starts = fits
+        if coarse and len(starts):
+            starts = self._refine(devs, starts, infl, m, M, n_ops, check_memory)
         out = tuple(starts.tolist()) if len(starts) else None
         if len(self._cache) > 500_000:
             self._cache.clear()
         self._cache[key] = out
         return out
+
+    def _positions(self, S: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """The cut positions for an S-stage pipeline and the DP's view of them: every layer
+        boundary for models of at most `COARSE_CUTS` layers, else `COARSE_CUTS` evenly spaced
+        ones, or 2 S when there are that many stages (each stage needs room to move)."""
+        L = self.num_layers
+        n = L if L <= COARSE_CUTS else min(L, max(COARSE_CUTS, 2 * S))
+        hit = self._views.get(n)
+        if hit is None:
+            P = np.arange(L + 1) if n == L else np.unique(np.linspace(0, L, n + 1).round().astype(np.int64))
+            hit = self._views[n] = (P, self._at(P))
+        return hit
+
+    def _refine(self, devs, starts, infl, m, M, n_ops, check_memory) -> np.ndarray:
+        """From a coarse partition: the DP again on every layer boundary within a coarse
+        interval of its cuts, from the new cuts while they move; the best by the DP's objective."""
+        L, S = self.num_layers, len(devs)
+        reach = min(int(np.max(np.diff(self._positions(S)[0]))), (_WINDOW_CUTS // max(S - 1, 1) - 1) // 2)
+        if reach < 1:  # too many stages for the window: the coarse partition stands
+            return starts
+        mdl = self.model
+
+        def objective(p: np.ndarray) -> float:
+            return _objective(p, devs, self._tfb, self._op, self._bb, mdl.bandwidth, mdl.latency, mdl.calib,
+                              float(m), int(M), n_ops)
+
+        best, best_obj, seen = starts, objective(starts), {tuple(starts.tolist())}
+        for _ in range(_REFINE_ROUNDS):
+            near = np.unique(np.clip(starts[1:, None] + np.arange(-reach, reach + 1)[None, :], 1, L - 1))
+            window = np.concatenate(([0], near, [L])).astype(np.int64)
+            starts = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0)
+            if not len(starts) or tuple(starts.tolist()) in seen:  # the DP is not exact for its objective: it may cycle
+                break
+            seen.add(tuple(starts.tolist()))
+            obj = objective(starts)
+            if obj < best_obj * (1.0 - 1e-12):
+                best, best_obj = starts, obj
+        return best
 
     def _at(self, P: np.ndarray) -> tuple[np.ndarray, ...]:
         """The DP's arrays for cut positions `P` (0 and L among them): compute prefixes, the
@@ -419,7 +483,7 @@ class Partitioner:
         if hit is None:
             mdl = self.model
             devs = np.array(devices, dtype=np.int64)
-            hit = float(_min_bottleneck(devs, self._tfb, self._bb, mdl.bandwidth, self._cuts))
+            hit = float(_min_bottleneck(devs, self._tfb, self._bb, mdl.bandwidth, self._positions(len(devs))[0]))
             self._lb_cache[key] = hit
         return hit
 
@@ -428,9 +492,9 @@ class Partitioner:
         partition fits; how far off says how much more memory the pipeline needs)."""
         infl = self.in_flight(schedule, len(devices), M)
         mdl = self.model
-        _, bb, pp, pa, amax = self._view
+        _, bb, pp, pa, amax = self._positions(len(devices))[1]
         return float(_memory_ratio(np.array(devices, dtype=np.int64), bb, pp, pa, amax, mdl.capacity_bytes, mdl.calib,
-                                   infl, float(m)))
+                                   infl, float(m))[0])
 
     def fits_alone(self, device: int, m: int = 1) -> bool:
         """Whether the whole model fits on one device at micro-batch m (one in flight)."""

@@ -57,3 +57,36 @@ def test_deep_models_partition_as_well_as_the_exact_dp_on_a_fraction_of_the_posi
                 assert model.stage_memory(a, b, 1, held) <= model.memory_capacity(d)
             # measured over 45 such cases at 702 layers: never worse; at 2,002 layers at most 0.06 %
             assert _objective(coarse, devs, got, 1, M) <= _objective(exact, devs, best, 1, M) * (1 + 1e-6)
+
+
+def _deep_model(profile: str = "cee") -> CostModel:
+    workload = Workload.from_spec({"name": "deep", "global_batch": 64, "seq_len": 512, "architecture": ARCH}, "m")
+    return CostModel(generate(12, 1, profile), workload)
+
+
+def test_a_pipeline_that_fits_only_with_a_cut_between_coarse_positions_still_gets_one(monkeypatch):
+    model = _deep_model()
+    devs = (0, 5, 6)
+    monkeypatch.setattr(partition, "COARSE_CUTS", 10**6)
+    tight = partition.Partitioner(model).memory_ratio(devs, 1, 8, "1f1b")
+    model.capacity_bytes[list(devs)] *= tight * (1 + 1e-6)  # room for the least-memory partition only
+    exact = partition.Partitioner(model)
+    monkeypatch.undo()
+    coarse = partition.Partitioner(model)
+    assert coarse._coarse and exact.split(devs, 1, 8, "1f1b") is not None
+    # the coarse positions alone found none (38 of 60 such random cases); the exact memory DP does
+    got = coarse.split(devs, 1, 8, "1f1b")
+    assert got is not None
+    ends = [*got[1:], model.num_layers]
+    for s, (d, a, b) in enumerate(zip(devs, got, ends)):
+        assert model.stage_memory(a, b, 1, CostModel.in_flight("1f1b", s, 3, 8)) <= model.memory_capacity(d)
+
+
+def test_a_pipeline_of_more_stages_than_coarse_intervals_is_partitioned(monkeypatch):
+    # it got None: the coarse pass had fewer positions than stages
+    monkeypatch.setattr(partition, "COARSE_CUTS", 8)
+    part = partition.Partitioner(_deep_model("datacenter"))
+    devs = tuple(range(12))
+    got = part.split(devs, 1, 16, "1f1b", check_memory=False)
+    assert got is not None and len(got) == 12 and list(got) == sorted(set(got))
+    assert 0 < part.min_bottleneck_per_sample(devs) < float("inf")
