@@ -94,8 +94,8 @@ class RunConfig:
     beside the measured ones; None: not predicted."""
     prediction_comparable: bool = False
     """Whether `predicted_step_s` holds against this run's measured times
-    (`spantrain.runtime.prediction.comparable`): the drift watch then also reports a plan that
-    is slow from its first iterations, which its own baseline cannot show."""
+    (`spantrain.runtime.prediction.comparable`): on a profiled spec, the drift watch then also
+    reports a plan that is slow from its first iterations, which its own baseline cannot show."""
 
     def load(self) -> tuple[Cluster, Workload, Plan]:
         """The cluster, workload and plan this run trains."""

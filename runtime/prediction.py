@@ -22,7 +22,7 @@ from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.plan import Plan
 from spantrain.workload import Workload
 
-__all__ = ["default_calibration", "predicted_step_s", "comparable", "calibration_name"]
+__all__ = ["default_calibration", "predicted_step_s", "comparable", "profiled", "calibration_name"]
 
 
 def default_calibration(emulated: bool) -> Calibration | None:
@@ -46,8 +46,14 @@ def comparable(cluster: Cluster, workload: Workload, plan: Plan, *, where: str) 
     if where == "torchrun":
         return True
     if where == "emulated":
-        return all(workload.name in cluster.device(d).layer_times for d in plan.devices)
+        return profiled(cluster, workload, plan)
     return False
+
+
+def profiled(cluster: Cluster, workload: Workload, plan: Plan) -> bool:
+    """Whether every device of `plan` carries measured layer times for `workload` (`spantrain
+    profile` wrote them): the prediction then rests on measurements, not on the spec's TFLOP/s."""
+    return all(workload.name in cluster.device(d).layer_times for d in plan.devices)
 
 
 def calibration_name(path: str | None, *, emulated: bool) -> str:

@@ -53,6 +53,7 @@ from spantrain.runtime.metrics import MetricsLog, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
 from spantrain.runtime.pipeline import build_stage_runner
+from spantrain.runtime.prediction import profiled
 from spantrain.runtime.preflight import threads_per_rank
 from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
@@ -162,7 +163,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
             metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s,
-                                 prediction_holds=cfg.prediction_comparable)
+                                 # measured layer times: the spec's TFLOP/s are peaks, often 2x off
+                                 prediction_holds=cfg.prediction_comparable and profiled(cluster, workload, plan))
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
             if local and transport.backend == "gloo" and visible_gpus() > 0:

@@ -46,12 +46,14 @@ RUN_ID_FILE = "run-id"
 
 
 def wandb_run_id(dir: str | Path, *, resume: bool) -> str:
-    """The W&B run a job logs to from `dir` (its tracker directory): with `resume`, the run
-    last logged there, so a resumed job continues it; else a new id (W&B's form: 8 characters
-    of [a-z0-9]), which every later launch of the job reuses."""
+    """The W&B run a job logs to from `dir` (its tracker directory): `WANDB_RUN_ID` when set;
+    with `resume`, the run last logged there, so a resumed job continues it; else a new id
+    (W&B's form: 8 characters of [a-z0-9]), which every later launch of the job reuses."""
     import secrets
     import string
 
+    if os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
     path = Path(dir) / RUN_ID_FILE
     if resume:
         with contextlib.suppress(OSError, UnicodeDecodeError):

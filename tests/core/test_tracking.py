@@ -211,3 +211,18 @@ def test_a_copied_artifact_keeps_the_file_as_it_was_when_logged(tmp_path, monkey
     policy.write_bytes(b"second part's weights")
     staged = [p.read_bytes() for p in (tmp_path / "wandb" / "data").rglob("*") if p.is_file()]
     assert b"first part's weights" in staged, staged
+
+
+def test_a_job_continues_the_run_id_it_left_in_its_directory(tmp_path, monkeypatch):
+    from spantrain.tracking import RUN_ID_FILE, wandb_run_id
+
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    first = wandb_run_id(tmp_path, resume=False)
+    assert len(first) == 8 and first.isalnum() and first != wandb_run_id(tmp_path, resume=False)
+    (tmp_path / RUN_ID_FILE).write_text(first)
+    assert wandb_run_id(tmp_path, resume=True) == first
+    assert wandb_run_id(tmp_path, resume=False) != first  # a new job starts a new run
+    (tmp_path / RUN_ID_FILE).write_text("../../etc")  # damaged: a new run, not an error
+    assert wandb_run_id(tmp_path, resume=True).isalnum()
+    monkeypatch.setenv("WANDB_RUN_ID", "mine123")  # the user's choice wins
+    assert wandb_run_id(tmp_path, resume=True) == wandb_run_id(tmp_path, resume=False) == "mine123"

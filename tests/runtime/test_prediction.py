@@ -11,7 +11,13 @@ from spantrain.cluster import Cluster
 from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.env.costmodel import estimate
 from spantrain.plan import Plan
-from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
+from spantrain.runtime.prediction import (
+    calibration_name,
+    comparable,
+    default_calibration,
+    predicted_step_s,
+    profiled,
+)
 from spantrain.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +62,9 @@ def test_an_emulated_run_is_comparable_only_on_measured_compute():
     assert not comparable(cluster, workload, p, where="local")  # workers share one machine
     measured, workload, p = _inputs(layer_times=True)
     assert comparable(measured, workload, p, where="emulated")
+    # the drift watch also holds a slow start against the prediction only on measured compute,
+    # under torchrun too: a spec's TFLOP/s are peaks, and its runs would all look slow
+    assert profiled(measured, workload, p) and not profiled(cluster, workload, p)
     assert not comparable(measured, Workload.from_spec({**MODEL, "name": "other"}, "model"), p, where="emulated")
 
 
