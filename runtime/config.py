@@ -92,6 +92,8 @@ class RunConfig:
     predicted_step_s: float | None = None
     """The cost model's seconds per iteration of `plan` (`spantrain.runtime.prediction`), logged
     beside the measured ones; None: not predicted."""
+    prediction_calibration: str | None = None
+    """How the run names the constants of `predicted_step_s` (a file's name, or the built-in ones)."""
     prediction_comparable: bool = False
     """Whether `predicted_step_s` holds against this run's measured times
     (`spantrain.runtime.prediction.comparable`): on a profiled spec, the drift watch then also

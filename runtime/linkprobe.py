@@ -302,7 +302,10 @@ def measured_cluster(cluster, figures: list[LinkFigure]):
     changed = {frozenset((f.a, f.b)): f for f in figures if f.changed}
     spec = cluster.to_spec()
     network = spec.setdefault("network", {})
-    kept = [o for o in network.get("overrides", []) if frozenset(o["between"]) not in changed]
+    # overrides are {between: [a, b]} or one-way {from: a, to: b} (what `spantrain profile` writes):
+    # a measured pair replaces both directions
+    kept = [o for o in network.get("overrides", [])
+            if frozenset(o["between"] if "between" in o else (o["from"], o["to"])) not in changed]
     network["overrides"] = kept + [_figures(f, {"between": [f.a, f.b]}) for f in changed.values()]
     between: dict[frozenset, LinkFigure] = {}
     for f in changed.values():
@@ -339,5 +342,8 @@ def links_message(event: dict[str, Any], adapting: bool = False) -> str:
         return head + f": all within {CHANGE_FACTOR:g}x of the spec"
     if adapting:
         return head + f"; the cluster as measured is in {event['cluster']}, and this run re-plans on it"
+    # without checkpoints there is nothing to --resume: the new plan starts over
+    then = "spantrain run --resume" if event.get("checkpoints", True) else "run the new plan (this run keeps no " \
+        "checkpoints: add --checkpoint-dir to continue it on another plan)"
     return head + (f"; the cluster as measured is in {event['cluster']}: re-plan on it with spantrain plan --cluster "
-                   f"{event['cluster']} --from PLAN, then spantrain run --resume")
+                   f"{event['cluster']} --from PLAN, then {then}")

@@ -102,7 +102,11 @@ def ranks_from_file(path: str | Path, plan: Plan) -> dict[str, int]:
     mapping = {d: raw[d] for d in used if d in raw}
     missing = [d for d in used if d not in raw]
     if missing:
-        raise ExecutionError(f"{path}: no rank for plan device(s) {', '.join(missing)}")
+        # a file may rank more devices than the plan uses (the whole cluster's); next to a missing
+        # one, those are likely the typo ("vm-9" for "vm-1")
+        unknown = [d for d in raw if d not in used]
+        hint = f" (it also ranks {', '.join(unknown)}, which the plan does not use)" if unknown else ""
+        raise ExecutionError(f"{path}: no rank for plan device(s) {', '.join(missing)}{hint}")
     _check_bijection(mapping, len(used), str(path))
     return mapping
 
@@ -134,7 +138,9 @@ def ranks_from_records(plan: Plan, cluster: Cluster, records: Sequence[tuple[str
         else:
             mapping[d] = hits[0]
     if problems:
-        raise ExecutionError("cannot map plan devices to ranks: " + join_problems(problems))
+        raise ExecutionError("cannot map plan devices to ranks: " + join_problems(problems)
+                             + " (the processes must run where the spec's host/local_rank records say, or pass "
+                               "--rank-map FILE naming each plan device's rank)")
     _check_bijection(mapping, len(plan.devices), "host/local_rank records")
     return mapping
 

@@ -59,7 +59,7 @@ from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
 from spantrain.runtime.transport import Transport, visible_gpus
 
-__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision"]
+__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job"]
 
 class StopFlag:
     """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit."""
@@ -69,6 +69,25 @@ class StopFlag:
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+
+def job_fingerprint(cfg: RunConfig) -> str:
+    """What every torchrun process of one job must agree on (each reads its own files: a stale
+    plan file on one node made the others wait out the timeout in a transfer that never came)."""
+    import hashlib
+
+    what = {"plan": cfg.plan, "model": Path(cfg.model).name, "global_batch": cfg.global_batch, "steps": cfg.steps,
+            "seed": cfg.seed, "precision": cfg.precision, "resume": cfg.resume}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_same_job(fingerprints: list[str]) -> None:
+    """`ExecutionError` naming the ranks whose plan, model or settings differ from rank 0's."""
+    odd = [r for r, fp in enumerate(fingerprints) if fp != fingerprints[0]]
+    if odd:
+        raise ExecutionError(f"rank(s) {', '.join(map(str, odd))} run another plan, model or settings (--steps, "
+                             "--seed, --precision, --resume) than rank 0: give every process the same command and "
+                             "the same plan file (a stale copy on one node?)")
 
 
 def agreed_precision(precision: str, transport: Transport) -> str:
@@ -99,8 +118,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         if local:
             rank_of, how = resolve_ranks(plan, cluster, world_size, None, cfg.rank_map)
         else:
-            records = transport.all_gather_object(host_record())
-            rank_of, how = resolve_ranks(plan, cluster, world_size, records, cfg.rank_map)
+            gathered = transport.all_gather_object((host_record(), job_fingerprint(cfg)))
+            check_same_job([fp for _, fp in gathered])
+            rank_of, how = resolve_ranks(plan, cluster, world_size, [r for r, _ in gathered], cfg.rank_map)
         layout = Layout(plan, cluster, rank_of)
         me = layout.roles[rank]
         pipeline = plan.pipelines[me.pipeline]
@@ -158,13 +178,16 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                       "global_batch": plan.batch, "emulated": transport.emulation is not None,
                                       "planner": cfg.planner, "schedule": plan.schedule, "sync": plan.sync.mode,
                                       "predicted_step_s": cfg.predicted_step_s,
+                                      "prediction_calibration": cfg.prediction_calibration,
                                       "prediction_comparable": cfg.prediction_comparable,
                                       "start_step": step, "resumed_from": resumed_from})
             # local runs: the launcher reads the drift event from the log and tells the user
             announce = None if local else (lambda msg: print(f"spantrain run: note: {msg}", file=sys.stderr))
             metrics = MetricsLog(cfg.metrics_path, tracker, announce=announce, predicted_step_s=cfg.predicted_step_s,
-                                 # measured layer times: the spec's TFLOP/s are peaks, often 2x off
-                                 prediction_holds=cfg.prediction_comparable and profiled(cluster, workload, plan))
+                                 # measured layer times, and constants fitted to the executor: the spec's
+                                 # TFLOP/s are peaks, and the built-in constants a GPU executor's (2-4x off)
+                                 prediction_holds=cfg.prediction_comparable and cfg.calibration is not None
+                                 and profiled(cluster, workload, plan))
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
             if local and transport.backend == "gloo" and visible_gpus() > 0:
@@ -238,7 +261,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 # a stop request during the measurement cuts it short and stops the run here (checkpointed
                 # below), not after one more iteration
                 stopping = not _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step,
-                                        measure_reason, Path(cfg.run_dir), stop)
+                                        measure_reason, Path(cfg.run_dir), stop, checkpoints=bool(cfg.checkpoint_dir))
             ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             final = stopping or step == cfg.steps
             # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync
@@ -265,7 +288,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "stopped_early": step < cfg.steps, "losses": [r["loss"] for r in metrics.records],
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
-                  "predicted_step_s": cfg.predicted_step_s,
+                  "predicted_step_s": cfg.predicted_step_s, "prediction_calibration": cfg.prediction_calibration,
+                  "prediction_comparable": cfg.prediction_comparable,
                   "backend": transport.backend, "precision": precision,
                   "loss_scale": scaler.scale if scaler else None,
                   "skipped_steps": sum(1 for r in metrics.records if r.get("overflow")),  # this launch's
@@ -309,7 +333,8 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
 
 
 def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layout: Layout, cluster,
-             metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path, stop: StopFlag) -> bool:
+             metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path, stop: StopFlag,
+             checkpoints: bool = True) -> bool:
     """Measure the plan's links (every rank); rank 0 reports them against the spec and writes the
     cluster as measured when a link changed (``RUN_DIR/cluster-measured.json``). False when a stop
     request cut the measurement short (nothing is reported; a drift stays pending)."""
@@ -327,7 +352,8 @@ def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layo
         path = run_dir / "cluster-measured.json"
         write_text_atomic(path, json.dumps(measured_cluster(cluster, figures).to_spec(), indent=1) + "\n")
     event = {"step": step, "reason": reason, "measure_s": round(time.perf_counter() - t0, 3),
-             "links": [f.to_dict() for f in figures], "cluster": str(path) if path else None}
+             "links": [f.to_dict() for f in figures], "cluster": str(path) if path else None,
+             "checkpoints": checkpoints}
     metrics.event("links", **event)
     if metrics.announce is not None:  # torchrun: no launcher reads the log
         metrics.announce(links_message(event))

@@ -159,12 +159,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_finite("--emulate-cpus", args.emulate_cpus, "> 0", args.emulate_cpus > 0)
     if args.emulate and under_torchrun():
         raise ExecutionError("--emulate starts its own processes: run it directly, not under torchrun")
-    if args.adapt and not args.checkpoint_dir:
-        raise ExecutionError("--adapt needs --checkpoint-dir DIR: a plan switch carries the training state over "
-                             "through a checkpoint")
     if args.adapt and under_torchrun():
         raise ExecutionError("--adapt restarts the workers on a new plan, which torchrun's processes cannot do: run "
                              "without torchrun, or follow the drift note (spantrain plan --from, then --resume)")
+    if args.adapt and not args.checkpoint_dir:
+        raise ExecutionError("--adapt needs --checkpoint-dir DIR: a plan switch carries the training state over "
+                             "through a checkpoint")
     if args.adapt_planner != "auto" and not args.adapt:
         raise ExecutionError("--adapt-planner only applies with --adapt")
     if args.adapt:
@@ -363,6 +363,21 @@ def _run(args: argparse.Namespace) -> int:
         if note:
             _note(note)
 
+    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and args.checkpoint_dir \
+            and not args.resume:
+        # torchrun --max-restarts started this attempt after a failure: continue from the last
+        # checkpoint (the first attempt's command has no --resume), or start over without one
+        from spantrain.runtime.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(args.checkpoint_dir)
+        if latest is not None:
+            args.resume = True
+            _note(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {latest}")
+    if torchrun:
+        world = int(os.environ.get("WORLD_SIZE", "0") or 0)
+        if world != len(plan.devices):  # found now, not after every process met and built its groups
+            raise ExecutionError(f"the plan uses {len(plan.devices)} device(s) but {world} process(es) started: start "
+                                 "exactly one process per plan device (torchrun --nnodes x --nproc-per-node)")
     if args.checkpoint_dir:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     if args.metrics:
@@ -410,15 +425,13 @@ def _run(args: argparse.Namespace) -> int:
                     measure_links=args.measure_links if args.measure_links is not None else args.adapt,
                     calibration=calibration.to_dict() if calibration is not None else None,
                     predicted_step_s=predicted_step_s(cluster, workload, plan, calibration),
-                    prediction_comparable=comparable(cluster, workload, plan, where=where))
-    prediction = {"prediction_calibration": calibration_name(args.calibration, emulated=emulated),
-                  "prediction_comparable": cfg.prediction_comparable}
+                    prediction_comparable=comparable(cluster, workload, plan, where=where),
+                    prediction_calibration=calibration_name(args.calibration, emulated=emulated))
 
     if torchrun:
         result = _run_torchrun(cfg)
         if result is None:  # not rank 0: rank 0 reports
             return 0
-        result.update(prediction)
     else:
         world = len(plan.devices)
         cores = cpu_cores()
@@ -479,7 +492,6 @@ def _run(args: argparse.Namespace) -> int:
         result["cpu_cores"] = cores
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)
-        result.update(prediction)
     _report(result, args.json, args.lr)
     return 0
 
@@ -539,7 +551,10 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
     from spantrain.runtime.worker import StopFlag, run_worker
 
     stop = StopFlag()
-    signal.signal(signal.SIGTERM, stop)  # torchrun's SIGTERM: finish the iteration, checkpoint, exit
+    # torchrun's SIGTERM, and Ctrl-C (the terminal's SIGINT, which torchrun passes on too):
+    # finish the iteration, checkpoint, exit; torchrun waits 30 s for that before killing
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log = Path(cfg.run_dir) / "logs" / f"rank{rank}.log"
     log.parent.mkdir(parents=True, exist_ok=True)

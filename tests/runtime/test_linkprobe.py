@@ -82,6 +82,15 @@ def test_measurements_become_spec_figures_and_the_changed_links_overrides():
     # a pair measured anew replaces its figures (to_spec drops an override the regions' link now gives)
     assert float(again.bandwidth[i, j]) / GBPS == pytest.approx(0.04, rel=1e-3)
     assert again.to_spec()["network"]["links"] == [{"between": ["r1", "r2"], "gbps": 0.04, "latency_ms": 20}]
+    # a profiled spec's one-way overrides ({from, to}: `spantrain profile` writes them) were a KeyError
+    one_way = {**SPEC, "network": {**SPEC["network"], "overrides": [
+        {"from": "a-0", "to": "b-0", "gbps": 0.06, "latency_ms": 20}, {"from": "b-0", "to": "a-0", "gbps": 0.04,
+                                                                      "latency_ms": 21},
+        {"from": "a-0", "to": "a-1", "gbps": 0.7, "latency_ms": 1}]}}
+    profiled = measured_cluster(Cluster.from_spec(one_way, "c"), [slow])
+    assert float(profiled.bandwidth[i, j]) / GBPS == pytest.approx(0.0049, rel=1e-3)  # both directions replaced
+    assert float(profiled.bandwidth[j, i]) / GBPS == pytest.approx(0.0049, rel=1e-3)
+    assert float(profiled.bandwidth[i, k]) / GBPS == pytest.approx(0.7)  # the unmeasured one kept
 
 
 def test_the_note_says_what_changed_and_what_to_do():
@@ -93,6 +102,9 @@ def test_the_note_says_what_changed_and_what_to_do():
                            "a-0 <-> b-0 0.5 Mbit/s, 20.4 ms (spec 50 Mbit/s, 20 ms; changed)")
     assert "spantrain plan --cluster run/cluster-measured.json --from PLAN" in text
     assert links_message(event, adapting=True).endswith("and this run re-plans on it")
+    # a run without checkpoints has nothing to --resume
+    assert links_message({**event, "checkpoints": False}).endswith(
+        "then run the new plan (this run keeps no checkpoints: add --checkpoint-dir to continue it on another plan)")
     assert links_message({**event, "cluster": None}).endswith(": all within 2x of the spec")
 
 

@@ -45,6 +45,8 @@ def test_mapping_file_as_dict_or_list(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ({"a-0": 0, "b-0": 1, "a-1": 2}, "no rank for plan device"),
+    (["a-0", "b-0", "a-1", "b-9"],
+     r"no rank for plan device\(s\) b-1 \(it also ranks b-9, which the plan does not use\)"),
     ({"a-0": 0, "b-0": 0, "a-1": 2, "b-1": 3}, "ranks 0..3 once each"),
     ({"a-0": "zero"}, "expected"),
 ])
@@ -68,6 +70,8 @@ def test_record_problems_are_named():
         resolve_ranks(PLAN, partial, 4, records=[("n", 0)] * 4)
     full = _cluster({"a-0": ("n", 0), "b-0": ("n", 1), "a-1": ("n", 2), "b-1": ("n", 3)})
     with pytest.raises(ExecutionError, match="no process runs on host 'n' with local rank 3"):
+        resolve_ranks(PLAN, full, 4, records=[("n", 0), ("n", 1), ("n", 2), ("m", 3)])
+    with pytest.raises(ExecutionError, match="or pass --rank-map FILE"):  # the way out, when the records do not fit
         resolve_ranks(PLAN, full, 4, records=[("n", 0), ("n", 1), ("n", 2), ("m", 3)])
     with pytest.raises(ExecutionError, match="4 devices but 3 processes"):
         resolve_ranks(PLAN, full, 3, records=[("n", 0)] * 3)

@@ -1,0 +1,108 @@
+"""What `spantrain run` checks under torchrun before and as its processes meet: the world size,
+one job for every rank, a restarted attempt resuming, Ctrl-C stopping like SIGTERM."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+
+import pytest
+from runtime_helpers import ASYMMETRIC, plan, run_plan, spantrain_here, write_inputs
+
+from spantrain.errors import ExecutionError
+from spantrain.runtime.config import OptimConfig, RunConfig
+from spantrain.runtime.worker import check_same_job, job_fingerprint
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """This process as torchrun's rank 0 of `world` (set with the returned function)."""
+
+    def world(n: int, restart: int = 0) -> None:
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "TORCHELASTIC_RUN_ID": "t",
+                           "TORCHELASTIC_RESTART_COUNT": str(restart)}.items():
+            monkeypatch.setenv(key, value)
+
+    return world
+
+
+def _args(tmp_path, *extra: str) -> list[str]:
+    cluster, model = write_inputs(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan("1f1b", "allreduce", ASYMMETRIC)))  # 4 devices
+    return ["run", "--cluster", str(cluster), "--model", str(model), "--plan", str(plan_file), "--steps", "4",
+            "--run-dir", str(tmp_path / "run"), *extra]
+
+
+def test_a_wrong_process_count_is_refused_before_the_processes_meet(tmp_path, torchrun_env):
+    torchrun_env(3)
+    code, _, err = spantrain_here(*_args(tmp_path))
+    # it was found after rendezvous and process-group set-up, leaving an empty logs directory
+    assert code == 2 and "the plan uses 4 device(s) but 3 process(es) started" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path, torchrun_env, monkeypatch):
+    from spantrain.cli import run as run_cli
+
+    # a first attempt that checkpointed (here, a local run of the same plan)
+    run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2)
+    seen = {}
+
+    def capture(cfg):
+        seen["resume"] = cfg.resume
+        return None  # as a rank other than 0 returns
+
+    monkeypatch.setattr(run_cli, "_run_torchrun", capture)
+    args = _args(tmp_path, "--checkpoint-dir", str(tmp_path / "first.ckpt"))
+    torchrun_env(4, restart=0)
+    code, _, err = spantrain_here(*args)  # the first attempt's command, started again: refused as before
+    assert code == 2 and "already holds the checkpoints of a run" in err
+    torchrun_env(4, restart=1)  # torchrun --max-restarts started it again after a failure
+    code, _, err = spantrain_here(*args)
+    assert code == 0 and seen["resume"] is True, err
+    assert "torchrun restart 1: resuming from" in err
+
+
+def test_every_rank_must_run_the_same_job():
+    cfg = RunConfig(cluster_spec={}, model="/node1/models/tiny.json", global_batch=None,
+                    plan=plan("1f1b", "allreduce", ASYMMETRIC), steps=10, seed=0, optim=OptimConfig(),
+                    run_dir="r", metrics_path="r/m.jsonl")
+    same = job_fingerprint(dataclasses.replace(cfg, model="/node2/models/tiny.json", run_dir="elsewhere"))
+    assert job_fingerprint(cfg) == same  # where the files are does not matter
+    stale = job_fingerprint(dataclasses.replace(cfg, plan=plan("gpipe", "allreduce", ASYMMETRIC)))
+    check_same_job([job_fingerprint(cfg), same])
+    with pytest.raises(ExecutionError, match=r"rank\(s\) 2 run another plan, model or settings .* than rank 0: give "
+                                             "every process the same command and the same plan file"):
+        check_same_job([job_fingerprint(cfg), same, stale])
+    assert job_fingerprint(dataclasses.replace(cfg, steps=11)) != job_fingerprint(cfg)
+
+
+def test_ctrl_c_under_torchrun_stops_after_the_iteration_as_sigterm_does(monkeypatch, tmp_path):
+    from spantrain.cli import run as run_cli
+    from spantrain.runtime import worker
+
+    handlers = {}
+
+    def fake_worker(cfg, *, stop, **kwargs):
+        handlers.update({sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)})
+        return None
+
+    monkeypatch.setattr(worker, "run_worker", fake_worker)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert run_cli._run_torchrun(SimpleCfg(tmp_path)) is None
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    # both set the stop flag: it had lost the training (no checkpoint, no result) on Ctrl-C
+    assert isinstance(handlers[signal.SIGINT], worker.StopFlag) and handlers[signal.SIGINT] is handlers[signal.SIGTERM]
+
+
+class SimpleCfg:
+    def __init__(self, tmp_path):
+        self.run_dir = str(tmp_path / "run")
