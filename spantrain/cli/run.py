@@ -558,6 +558,7 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log = Path(cfg.run_dir) / "logs" / f"rank{rank}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    _pipelining_log_to(log)
     try:
         return run_worker(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
     except (SpantrainError, KeyboardInterrupt):
@@ -565,10 +566,42 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
     except BaseException as e:  # e.g. a peer died: one line here, the traceback in the log
         import traceback
 
-        log.write_text(traceback.format_exc())
-        text = str(e).strip()
-        raise ExecutionError(f"rank {rank}: {type(e).__name__}: {text.splitlines()[0] if text else ''} "
-                             f"(traceback in {log})") from e
+        with open(log, "a") as f:
+            f.write(traceback.format_exc())
+        raise ExecutionError(_failure_line(cfg, rank, e, log)) from e
+
+
+_PEER_LOST = ("connection reset", "connection closed", "connection refused", "broken pipe", "timed out",
+              "timeout", "closed by peer")
+
+
+def _failure_line(cfg, rank: int, error: BaseException, log: Path) -> str:
+    """One line for a torchrun rank's failure: what happened (a peer that died or hung shows
+    here as a lost connection or a timeout: torchrun's own output names the rank that exited),
+    the last iteration the run recorded and the checkpoint to --resume from."""
+    from spantrain.runtime.checkpoint import latest_checkpoint
+    from spantrain.runtime.metrics import read_step_records
+
+    text = (str(error).strip().splitlines() or [""])[0]
+    if any(k in text.lower() for k in _PEER_LOST):
+        what = f"lost contact with another rank ({text[:120]}): one died or hung (torchrun's output names it)"
+    else:
+        what = f"{type(error).__name__}: {text}"
+    records = read_step_records(cfg.metrics_path)
+    after = f" after iteration {records[-1]['step']}" if records else ""
+    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    resume = f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written"
+    return f"rank {rank}: {what}{after}; {resume} (traceback in {log})"
+
+
+def _pipelining_log_to(path: Path) -> None:
+    """torch.distributed.pipelining logs a failed step's whole schedule (some 170 lines) at
+    error level: into the rank's log file, not the terminal, where one line says what failed."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.pipelining")
+    logger.addHandler(logging.FileHandler(path))
+    logger.propagate = False
 
 
 def _note(msg: str) -> None:

@@ -106,3 +106,40 @@ def test_ctrl_c_under_torchrun_stops_after_the_iteration_as_sigterm_does(monkeyp
 class SimpleCfg:
     def __init__(self, tmp_path):
         self.run_dir = str(tmp_path / "run")
+
+
+def test_a_rank_that_lost_its_peer_says_so_with_the_checkpoint_to_resume_from(monkeypatch, tmp_path):
+    import logging
+    from types import SimpleNamespace
+
+    from spantrain.cli import run as run_cli
+    from spantrain.runtime import worker
+
+    res = run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2)  # metrics and a checkpoint
+
+    def peer_died(cfg, **kwargs):
+        logging.getLogger("torch.distributed.pipelining.schedules").error("schedule dump\n" * 170)
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                           "[127.0.0.1]:40557\nmore lines")
+
+    monkeypatch.setattr(worker, "run_worker", peer_died)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = SimpleNamespace(run_dir=str(tmp_path / "first"), metrics_path=res["metrics"],
+                          checkpoint_dir=str(tmp_path / "first.ckpt"))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    logger = logging.getLogger("torch.distributed.pipelining")
+    try:
+        with pytest.raises(ExecutionError) as e:
+            run_cli._run_torchrun(cfg)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        logger.propagate = True
+    log = tmp_path / "first" / "logs" / "rank1.log"
+    # was "rank 1: RuntimeError: [../third_party/gloo/...] Connection closed by peer ..." and 170 lines of schedule
+    assert str(e.value).startswith("rank 1: lost contact with another rank (") and "one died or hung" in str(e.value)
+    assert f"after iteration 2; last checkpoint: {res['checkpoint']} (continue with --resume)" in str(e.value)
+    assert log.read_text().count("schedule dump") == 170 and "Traceback" in log.read_text()
