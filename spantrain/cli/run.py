@@ -348,6 +348,14 @@ def _run(args: argparse.Namespace) -> int:
             ranks_from_file(args.rank_map, plan)
         except ExecutionError as e:  # named by its flag, as --data and --calibration are
             raise ExecutionError(f"--rank-map {e}") from None
+    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and args.checkpoint_dir \
+            and not args.resume:
+        # torchrun --max-restarts started this attempt after a failure: continue from the last
+        # checkpoint (the first attempt's command has no --resume), or start over without one
+        latest = latest_checkpoint(args.checkpoint_dir)
+        if latest is not None:
+            args.resume = True
+            _note(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {latest}")
     seed = args.seed
     if args.resume:
         state = resume_state(args.checkpoint_dir, workload, args.steps)
@@ -363,16 +371,6 @@ def _run(args: argparse.Namespace) -> int:
         if note:
             _note(note)
 
-    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and args.checkpoint_dir \
-            and not args.resume:
-        # torchrun --max-restarts started this attempt after a failure: continue from the last
-        # checkpoint (the first attempt's command has no --resume), or start over without one
-        from spantrain.runtime.checkpoint import latest_checkpoint
-
-        latest = latest_checkpoint(args.checkpoint_dir)
-        if latest is not None:
-            args.resume = True
-            _note(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {latest}")
     if torchrun:
         world = int(os.environ.get("WORLD_SIZE", "0") or 0)
         if world != len(plan.devices):  # found now, not after every process met and built its groups

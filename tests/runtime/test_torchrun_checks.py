@@ -48,11 +48,11 @@ def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path, torchrun
     from spantrain.cli import run as run_cli
 
     # a first attempt that checkpointed (here, a local run of the same plan)
-    run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2)
+    run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--seed", "7")
     seen = {}
 
     def capture(cfg):
-        seen["resume"] = cfg.resume
+        seen["resume"], seen["seed"] = cfg.resume, cfg.seed
         return None  # as a rank other than 0 returns
 
     monkeypatch.setattr(run_cli, "_run_torchrun", capture)
@@ -64,6 +64,7 @@ def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path, torchrun
     code, _, err = spantrain_here(*args)
     assert code == 0 and seen["resume"] is True, err
     assert "torchrun restart 1: resuming from" in err
+    assert seen["seed"] == 7  # resumed as --resume does: the checkpoint's seed keeps the sample order
 
 
 def test_every_rank_must_run_the_same_job():
