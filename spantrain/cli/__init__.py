@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write: torchrun's processes share the terminal, and print's
+    separate newline let their lines run into each other. Ranks other than 0 say which they are."""
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank not in (None, "0") and "WORLD_SIZE" in os.environ else ""
+    sys.stderr.write(f"{prefix}{line}\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports every command's module
@@ -72,11 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SpantrainError as e:
-        print(f"spantrain {args.command}: error: {e}", file=sys.stderr)
+        _say(f"spantrain {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt as e:  # a command may say what it saved (`TrainingInterrupted`)
         if not os.environ.get(QUIET_INTERRUPT_ENV):
-            print(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""), file=sys.stderr)
+            _say(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""))
         return 130
     except BrokenPipeError:
         return 0

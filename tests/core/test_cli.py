@@ -339,3 +339,24 @@ def test_a_child_whose_parent_reports_ctrl_c_exits_130_without_its_own_line(run_
         monkeypatch.setenv(QUIET_INTERRUPT_ENV, "1")
     code, _, err = run_cli("compare", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--model", "tiny-gpt")
     assert code == 130 and err == ("" if quiet else "spantrain compare: interrupted\n")
+
+
+def test_errors_are_one_write_and_other_ranks_say_which_they_are(monkeypatch, capsys):
+    # under torchrun every process printed the same error, and print's separate newline let
+    # two processes' lines run into each other ("...start anewspantrain run: error: ...")
+    from spantrain.cli import main
+
+    writes = []
+    real_write = sys.stderr.write
+    monkeypatch.setattr(sys.stderr, "write", lambda text: writes.append(text) or real_write(text))
+    assert main(["topo", "show", "/nonexistent.yaml"]) == 2
+    assert len(writes) == 1 and writes[0].startswith("spantrain topo: error: ") and writes[0].endswith("\n")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    writes.clear()
+    assert main(["topo", "show", "/nonexistent.yaml"]) == 2
+    assert len(writes) == 1 and writes[0].startswith("[rank 3] spantrain topo: error: ")
+    monkeypatch.setenv("RANK", "0")  # rank 0 speaks as a single process does
+    writes.clear()
+    assert main(["topo", "show", "/nonexistent.yaml"]) == 2
+    assert writes[0].startswith("spantrain topo: error: ")
