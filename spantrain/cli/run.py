@@ -382,7 +382,10 @@ def _run(args: argparse.Namespace) -> int:
         _check_metrics_dir(args.metrics)
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
-    if not args.resume and not torchrun:  # torchrun restarts a failed job's processes as they were started
+    # under torchrun rank 0 checks (it writes the file; the others may start after it began), and
+    # not on a restarted attempt, which continues its own job's file
+    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0
+    if not args.resume and (not torchrun or (first_attempt and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
 
     precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")

@@ -144,3 +144,17 @@ def test_a_rank_that_lost_its_peer_says_so_with_the_checkpoint_to_resume_from(mo
     assert str(e.value).startswith("rank 1: lost contact with another rank (") and "one died or hung" in str(e.value)
     assert f"after iteration 2; last checkpoint: {res['checkpoint']} (continue with --resume)" in str(e.value)
     assert log.read_text().count("schedule dump") == 170 and "Traceback" in log.read_text()
+
+
+def test_a_new_torchrun_job_does_not_append_to_another_runs_metrics(tmp_path, torchrun_env, monkeypatch):
+    from spantrain.cli import run as run_cli
+
+    monkeypatch.setattr(run_cli, "_run_torchrun", lambda cfg: None)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')  # another job's
+    torchrun_env(4)
+    code, _, err = spantrain_here(*_args(tmp_path))
+    # it appended to it (two start events in one file) and overwrote its result.json
+    assert code == 2 and f"--run-dir {tmp_path / 'run'} holds another run's metrics" in err, err
+    torchrun_env(4, restart=1)  # a restarted attempt continues its own job's file
+    assert spantrain_here(*_args(tmp_path))[0] == 0
