@@ -536,6 +536,11 @@ def _write_rows(path: Path, rows: list[list[Any]]) -> Path:
     return path
 
 
+_SB3_NOT_LOGGED = frozenset({"total_timesteps", "iterations", "learning_rate", "clip_range"})
+"""SB3's values that are the W&B step itself, restart on a resumed part (SB3 counts iterations
+per `learn` call), or are constants already in the run's config."""
+
+
 def _tracker_writer(tracker):
     """An SB3 logger output that forwards numeric values to the W&B run as ``ppo/<name>``
     (made here: SB3 is imported only when training)."""
@@ -544,8 +549,9 @@ def _tracker_writer(tracker):
     class TrackerWriter(KVWriter):
         def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]],
                   step: int = 0) -> None:
-            metrics = {"ppo/" + key.rsplit("/", 1)[-1]: float(value) for key, value in key_values.items()
-                       if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+            metrics = {"ppo/" + name: float(value) for key, value in key_values.items()
+                       if (name := key.rsplit("/", 1)[-1]) not in _SB3_NOT_LOGGED
+                       and isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
             if metrics:
                 tracker.log(metrics, step=step)
 

@@ -126,6 +126,8 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     # PPO's diagnostics of its one update (2 envs x 48 steps) reach W&B; SB3 made no log directory
     for key in ("ppo/approx_kl", "ppo/value_loss", "ppo/policy_gradient_loss", "ppo/entropy_loss", "ppo/fps"):
         assert logged.get(key) == [96], f"{key} logged at steps {logged.get(key)}"
+    # not the step itself, SB3's per-call counter (it restarted at 1 in a resumed part), nor constants
+    assert not {"ppo/total_timesteps", "ppo/iterations", "ppo/learning_rate", "ppo/clip_range"} & set(logged)
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("SB3-")]
     _, env, meta = load_policy(summary["policy"])
     assert env["max_steps"] == 12 and meta["timesteps"] == 96
