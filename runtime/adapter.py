@@ -226,7 +226,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                              + (f"the checkpoint of iteration {step}" if latest else "the start (no checkpoint yet)"))
                 result = {"start_step": segments[-1]["final_step"] if segments else first_step, "final_step": step,
                           "stopped_early": True, "plan": cfg.plan, "step_s": None, "samples_per_s": None,
-                          "checkpoint": str(latest) if latest else None, "predicted_step_s": cfg.predicted_step_s}
+                          "checkpoint": str(latest) if latest else None, "predicted_step_s": cfg.predicted_step_s,
+                          "prediction_calibration": cfg.prediction_calibration,
+                          "prediction_comparable": cfg.prediction_comparable}
             segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s",
                                                     "predicted_step_s")})
             switch = adapter.take_switch()

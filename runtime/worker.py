@@ -59,25 +59,43 @@ from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
 from spantrain.runtime.transport import Transport, visible_gpus
 
-__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job"]
+__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job",
+           "torchrun_job"]
 
 class StopFlag:
-    """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit."""
+    """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit.
+    Not `armed` (torchrun's processes until training starts): there is no iteration to finish
+    yet, and the signal stops the process at once (KeyboardInterrupt)."""
 
-    def __init__(self) -> None:
+    def __init__(self, armed: bool = True) -> None:
         self.requested = False
+        self.armed = armed
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if not self.armed:
+            raise KeyboardInterrupt
         self.requested = True
+
+
+def torchrun_job() -> str | None:
+    """torchrun's id of this job (`--rdzv-id`; None outside torchrun or when it has none):
+    a restarted attempt continues only the checkpoints and metrics its own job wrote."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    return job if job and job != "none" else None
 
 
 def job_fingerprint(cfg: RunConfig) -> str:
     """What every torchrun process of one job must agree on (each reads its own files: a stale
-    plan file on one node made the others wait out the timeout in a transfer that never came)."""
+    plan file on one node made the others wait out the timeout in a transfer that never came):
+    the plan as it runs (not its predicted figures, which another node's planning may round
+    apart), the model, the settings, and the checkpoint a resume starts from (a node whose
+    filesystem still shows an older one would train from there)."""
     import hashlib
 
-    what = {"plan": cfg.plan, "model": Path(cfg.model).name, "global_batch": cfg.global_batch, "steps": cfg.steps,
-            "seed": cfg.seed, "precision": cfg.precision, "resume": cfg.resume}
+    latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.resume and cfg.checkpoint_dir else None
+    what = {"plan": {k: cfg.plan.get(k) for k in ("schedule", "sync", "pipelines")},
+            "model": Path(cfg.model).name, "steps": cfg.steps, "seed": cfg.seed, "precision": cfg.precision,
+            "resume": latest.name if latest else None}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -86,8 +104,9 @@ def check_same_job(fingerprints: list[str]) -> None:
     odd = [r for r, fp in enumerate(fingerprints) if fp != fingerprints[0]]
     if odd:
         raise ExecutionError(f"rank(s) {', '.join(map(str, odd))} run another plan, model or settings (--steps, "
-                             "--seed, --precision, --resume) than rank 0: give every process the same command and "
-                             "the same plan file (a stale copy on one node?)")
+                             "--seed, --precision, --resume and the checkpoint it finds) than rank 0: give every "
+                             "process the same command, plan file and checkpoint directory (a stale copy on one "
+                             "node?)")
 
 
 def agreed_precision(precision: str, transport: Transport) -> str:
@@ -194,6 +213,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 metrics.event("note", text=f"{world_size} workers and {visible_gpus()} GPU(s) on this machine: "
                                            "training on the CPU with gloo (NCCL needs a GPU per worker)")
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
+                          job=torchrun_job(),
                           zb_order=runner.order_source, precision=precision,
                           devices={r: role.device for r, role in sorted(layout.roles.items())})
             if cfg.adaptation:  # this plan came from `--adapt`: what it was chosen over, on the W&B chart
@@ -212,6 +232,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
         last_ckpt = None
         ckpt_pending = False
         t_mark = time.perf_counter()
+        stop.armed = True  # from here a stop finishes the iteration and checkpoints
         while step < cfg.steps:
             t0, c0 = time.perf_counter(), time.process_time()
             transport.take_stats()
@@ -329,6 +350,7 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
     return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
             "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
             "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time(),
+            "job": torchrun_job(),
             **({"loss_scale": scaler.state_dict()} if scaler is not None else {})}
 
 

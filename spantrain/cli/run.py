@@ -249,6 +249,32 @@ def _check_metrics_dir(path: str) -> None:
                          fix="pass a file path in a directory this run can write", create=False)
 
 
+def _written_by_this_job(path: Path, kind: str) -> bool:
+    """Whether `path` was written by this torchrun job (its ``TORCHELASTIC_RUN_ID``): a
+    checkpoint's train state (`kind` "job"), or a metrics file whose last ``start`` event
+    names it (`kind` "start"). False without a job id (torchrun's default "none")."""
+    from spantrain.runtime.worker import torchrun_job
+
+    job = torchrun_job()
+    if job is None or not path.is_file():
+        return False
+    try:
+        if kind == "job":
+            return json.loads(path.read_text()).get("job") == job
+        starts = [json.loads(line) for line in path.read_text().splitlines() if '"event": "start"' in line]
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(starts) and starts[-1].get("job") == job
+
+
+def resume_step(checkpoint: Path) -> int | None:
+    """The iteration a checkpoint holds (None when its train state does not say)."""
+    try:
+        return int(json.loads((checkpoint / "train_state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _check_no_metrics(path: Path, flag: str) -> None:
     """Refuse a new run whose metrics file holds another run's iterations: it appends (a resumed
     run continues its run's file), so the two runs' records would mix in one file. A live run
@@ -348,14 +374,20 @@ def _run(args: argparse.Namespace) -> int:
             ranks_from_file(args.rank_map, plan)
         except ExecutionError as e:  # named by its flag, as --data and --calibration are
             raise ExecutionError(f"--rank-map {e}") from None
-    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and args.checkpoint_dir \
-            and not args.resume:
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) if torchrun else 0
+    if restart and args.checkpoint_dir and not args.resume:
         # torchrun --max-restarts started this attempt after a failure: continue from the last
-        # checkpoint (the first attempt's command has no --resume), or start over without one
+        # checkpoint this job wrote (the first attempt's command has no --resume); another job's
+        # checkpoints stay refused, as the first attempt was
         latest = latest_checkpoint(args.checkpoint_dir)
-        if latest is not None:
+        if latest is not None and _written_by_this_job(latest / "train_state.json", "job"):
+            done = resume_step(latest)
+            if done is not None and done >= args.steps:  # it failed after its last checkpoint
+                _note(f"torchrun restart {restart}: the job already trained its {args.steps} iterations "
+                      f"(checkpoint {latest})")
+                return 0
             args.resume = True
-            _note(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {latest}")
+            _note(f"torchrun restart {restart}: resuming from {latest}")
     seed = args.seed
     if args.resume:
         state = resume_state(args.checkpoint_dir, workload, args.steps)
@@ -382,10 +414,10 @@ def _run(args: argparse.Namespace) -> int:
         _check_metrics_dir(args.metrics)
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
-    # under torchrun rank 0 checks (it writes the file; the others may start after it began), and
-    # not on a restarted attempt, which continues its own job's file
-    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0
-    if not args.resume and (not torchrun or (first_attempt and os.environ.get("RANK") == "0")):
+    # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
+    # restarted attempt continues the file its own job started
+    own = restart and _written_by_this_job(metrics_path, "start")
+    if not args.resume and (not torchrun or (not own and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
 
     precision = args.precision or ("fp32" if workload.precision == "fp32" else "bf16")
@@ -551,9 +583,10 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
 
     from spantrain.runtime.worker import StopFlag, run_worker
 
-    stop = StopFlag()
+    stop = StopFlag(armed=False)
     # torchrun's SIGTERM, and Ctrl-C (the terminal's SIGINT, which torchrun passes on too):
-    # finish the iteration, checkpoint, exit; torchrun waits 30 s for that before killing
+    # finish the iteration, checkpoint, exit; torchrun waits 30 s for that before killing.
+    # Before training starts (rendezvous, set-up) they stop the process at once.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -580,10 +613,17 @@ def _failure_line(cfg, rank: int, error: BaseException, log: Path) -> str:
     """One line for a torchrun rank's failure: what happened (a peer that died or hung shows
     here as a lost connection or a timeout: torchrun's own output names the rank that exited),
     the last iteration the run recorded and the checkpoint to --resume from."""
+    text = (str(error).strip().splitlines() or [""])[0]
+    try:
+        return _failure_details(cfg, rank, error, text, log)
+    except Exception:  # the line must come out whatever the run directory holds
+        return f"rank {rank}: {type(error).__name__}: {text} (traceback in {log})"
+
+
+def _failure_details(cfg, rank: int, error: BaseException, text: str, log: Path) -> str:
     from spantrain.runtime.checkpoint import latest_checkpoint
     from spantrain.runtime.metrics import read_step_records
 
-    text = (str(error).strip().splitlines() or [""])[0]
     if any(k in text.lower() for k in _PEER_LOST):
         what = f"lost contact with another rank ({text[:120]}): one died or hung (torchrun's output names it)"
     else:

@@ -44,11 +44,11 @@ def test_a_wrong_process_count_is_refused_before_the_processes_meet(tmp_path, to
     assert not (tmp_path / "run").exists()
 
 
-def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path, torchrun_env, monkeypatch):
+def test_a_restarted_attempt_resumes_from_the_last_checkpoint_its_job_wrote(tmp_path, torchrun_env, monkeypatch):
     from spantrain.cli import run as run_cli
 
-    # a first attempt that checkpointed (here, a local run of the same plan)
-    run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--seed", "7")
+    # checkpoints of iteration 2 (here from a local run of the same plan)
+    res = run_plan(tmp_path, "first", plan("1f1b", "allreduce", ASYMMETRIC), 2, "--seed", "7")
     seen = {}
 
     def capture(cfg):
@@ -58,13 +58,23 @@ def test_a_restarted_attempt_resumes_from_the_last_checkpoint(tmp_path, torchrun
     monkeypatch.setattr(run_cli, "_run_torchrun", capture)
     args = _args(tmp_path, "--checkpoint-dir", str(tmp_path / "first.ckpt"))
     torchrun_env(4, restart=0)
-    code, _, err = spantrain_here(*args)  # the first attempt's command, started again: refused as before
+    code, _, err = spantrain_here(*args)  # the first attempt's command: another run's checkpoints are refused
     assert code == 2 and "already holds the checkpoints of a run" in err
-    torchrun_env(4, restart=1)  # torchrun --max-restarts started it again after a failure
+    torchrun_env(4, restart=1)  # torchrun --max-restarts started it again after that failure: still refused
+    code, _, err = spantrain_here(*args)  # (it resumed from the other run's checkpoints)
+    assert code == 2 and "already holds the checkpoints of a run" in err and not seen
+    # checkpoints this job wrote (its rendezvous id in their train state): the restart continues them
+    state = tmp_path / "first.ckpt" / "step-00000002" / "train_state.json"
+    assert res["checkpoint"] == str(state.parent)
+    state.write_text(json.dumps({**json.loads(state.read_text()), "job": "t"}))
     code, _, err = spantrain_here(*args)
     assert code == 0 and seen["resume"] is True, err
     assert "torchrun restart 1: resuming from" in err
     assert seen["seed"] == 7  # resumed as --resume does: the checkpoint's seed keeps the sample order
+    # a job that failed after its last checkpoint (tearing down, say) has nothing left to train
+    seen.clear()
+    code, _, err = spantrain_here(*[a if a != "4" else "2" for a in args])  # --steps 2
+    assert code == 0 and not seen and "the job already trained its 2 iterations" in err, err
 
 
 def test_every_rank_must_run_the_same_job():
@@ -74,9 +84,11 @@ def test_every_rank_must_run_the_same_job():
     same = job_fingerprint(dataclasses.replace(cfg, model="/node2/models/tiny.json", run_dir="elsewhere"))
     assert job_fingerprint(cfg) == same  # where the files are does not matter
     stale = job_fingerprint(dataclasses.replace(cfg, plan=plan("gpipe", "allreduce", ASYMMETRIC)))
+    # another node's planning may round the predicted figures apart: the plan as it runs counts
+    assert job_fingerprint(dataclasses.replace(cfg, plan={**cfg.plan, "predicted": {"iteration_s": 0.1}})) == same
     check_same_job([job_fingerprint(cfg), same])
     with pytest.raises(ExecutionError, match=r"rank\(s\) 2 run another plan, model or settings .* than rank 0: give "
-                                             "every process the same command and the same plan file"):
+                                             "every process the same command, plan file and checkpoint directory"):
         check_same_job([job_fingerprint(cfg), same, stale])
     assert job_fingerprint(dataclasses.replace(cfg, steps=11)) != job_fingerprint(cfg)
 
@@ -101,7 +113,13 @@ def test_ctrl_c_under_torchrun_stops_after_the_iteration_as_sigterm_does(monkeyp
         for sig, handler in before.items():
             signal.signal(sig, handler)
     # both set the stop flag: it had lost the training (no checkpoint, no result) on Ctrl-C
-    assert isinstance(handlers[signal.SIGINT], worker.StopFlag) and handlers[signal.SIGINT] is handlers[signal.SIGTERM]
+    flag = handlers[signal.SIGINT]
+    assert isinstance(flag, worker.StopFlag) and flag is handlers[signal.SIGTERM]
+    with pytest.raises(KeyboardInterrupt):  # before training starts there is no iteration to finish
+        flag(signal.SIGINT, None)
+    flag.armed = True  # as the worker does when its first iteration starts
+    flag(signal.SIGINT, None)
+    assert flag.requested
 
 
 class SimpleCfg:
@@ -156,5 +174,8 @@ def test_a_new_torchrun_job_does_not_append_to_another_runs_metrics(tmp_path, to
     code, _, err = spantrain_here(*_args(tmp_path))
     # it appended to it (two start events in one file) and overwrote its result.json
     assert code == 2 and f"--run-dir {tmp_path / 'run'} holds another run's metrics" in err, err
-    torchrun_env(4, restart=1)  # a restarted attempt continues its own job's file
+    torchrun_env(4, restart=1)  # a restarted attempt: still refused, the file is not its job's
+    assert spantrain_here(*_args(tmp_path))[0] == 2
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:  # this job's first attempt started it
+        f.write(json.dumps({"event": "start", "step": 0, "job": "t"}) + "\n")
     assert spantrain_here(*_args(tmp_path))[0] == 0
