@@ -255,6 +255,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             written = _log_decisions(cfg.metrics_path, adapter.records, written)
     finally:
         _log_decisions(cfg.metrics_path, adapter.records, written)
+    if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
+        _track_decisions(cfg, adapter.records)
     losses = _losses(cfg.metrics_path, first_step, result["final_step"])
     return {**result, "start_step": first_step, "losses": losses, "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments,
@@ -284,6 +286,23 @@ def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> in
             for rec in records[written:]:
                 f.write(json.dumps({"event": "adapt", **rec}) + "\n")
     return len(records)
+
+
+DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "iteration_s_new", "migration_s",
+                    "switched_at", "error")
+"""Columns of the ``adapt/decisions`` W&B table: every decision of an ``--adapt`` run, kept plans too."""
+
+
+def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]]) -> None:
+    """Every decision as one W&B table in the job's run (`cfg.wandb_id`), at the end: the new
+    plans' ranks 0 log a switch's numbers as it starts, but a decision to keep the plan has no
+    launch of its own to log it."""
+    from spantrain.tracking import Tracker
+
+    with Tracker(job_type="run", dir=Path(cfg.run_dir) / "wandb", run_id=cfg.wandb_id) as tracker:
+        tracker.log_table("adapt/decisions", list(DECISION_COLUMNS),
+                          [[r.get(c) for c in DECISION_COLUMNS] for r in records],
+                          step=0)  # the tracker moves it past the iterations the run logged
 
 
 def adaptation_scalars(record: dict[str, Any]) -> dict[str, float]:

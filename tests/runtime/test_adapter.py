@@ -103,7 +103,7 @@ def _run_args(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path):
+def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path, wandb_records):
     # margin: the switch lands a few iterations after the change (a launcher poll, a decision, a stop)
     steps = 30
     (tmp_path / "ref").mkdir()
@@ -115,9 +115,11 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     changer.join(1)
     assert code == 0, err
     res = json.loads(out)
-    # one job, one W&B run: each plan's launch logs to it (they were separate, unlinked runs)
+    # one job, one W&B run: each plan's launch logs to it (they were separate, unlinked runs), and
+    # at the end every decision, as a table (a decision to keep the plan reached W&B nowhere)
     parts = sorted((tmp_path / "adapt" / "wandb" / "wandb").glob("offline-run-*"))
-    assert len(parts) == 2 and len({p.name.split("-")[-1] for p in parts}) == 1, parts
+    assert len(parts) == 3 and len({p.name.split("-")[-1] for p in parts}) == 1, parts
+    assert b"adapt/decisions" in wandb_records(tmp_path / "adapt" / "wandb", b"adapt/decisions")
     assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
     assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
     first, second = res["segments"]
