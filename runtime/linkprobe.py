@@ -282,12 +282,14 @@ def link_figures(measurements: list[PairMeasurement], device_of: dict[int, str],
     for m in measurements:
         a, b = device_of[m.a], device_of[m.b]
         i, j = cluster.index(a), cluster.index(b)
-        spec_gbps = float(cluster.bandwidth[i, j]) / GBPS
+        # the measured figure is the slower direction's: so is the spec's it is held against (a
+        # one-way override 300x slower in the direction the plan used went unnoticed)
+        spec_gbps = float(min(cluster.bandwidth[i, j], cluster.bandwidth[j, i])) / GBPS
         gbps = min(m.a_to_b, m.b_to_a) / GBPS
         if emulation is not None and emulation.emulated_gbps[m.a][m.b]:
             gbps *= emulation.spec_gbps[m.a][m.b] / emulation.emulated_gbps[m.a][m.b]
         out.append(LinkFigure(a=a, b=b, gbps=gbps, latency_ms=m.latency_s * 1e3, spec_gbps=spec_gbps,
-                              spec_latency_ms=float(cluster.latency[i, j]) * 1e3))
+                              spec_latency_ms=float(max(cluster.latency[i, j], cluster.latency[j, i])) * 1e3))
     return out
 
 

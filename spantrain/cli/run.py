@@ -625,7 +625,8 @@ def _failure_details(cfg, rank: int, error: BaseException, text: str, log: Path)
     from spantrain.runtime.metrics import read_step_records
 
     if any(k in text.lower() for k in _PEER_LOST):
-        what = f"lost contact with another rank ({text[:120]}): one died or hung (torchrun's output names it)"
+        short = text if len(text) <= 160 else text[:160].rsplit(" ", 1)[0] + " ..."
+        what = f"lost contact with another rank ({short}): one died or hung (torchrun's output names it)"
     else:
         what = f"{type(error).__name__}: {text}"
     records = read_step_records(cfg.metrics_path)
@@ -641,6 +642,8 @@ def _pipelining_log_to(path: Path) -> None:
     import logging
 
     logger = logging.getLogger("torch.distributed.pipelining")
+    for handler in list(logger.handlers):  # torch._logging gives it a stderr handler of its own
+        logger.removeHandler(handler)
     logger.addHandler(logging.FileHandler(path))
     logger.propagate = False
 

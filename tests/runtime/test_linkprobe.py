@@ -91,6 +91,14 @@ def test_measurements_become_spec_figures_and_the_changed_links_overrides():
     assert float(profiled.bandwidth[i, j]) / GBPS == pytest.approx(0.0049, rel=1e-3)  # both directions replaced
     assert float(profiled.bandwidth[j, i]) / GBPS == pytest.approx(0.0049, rel=1e-3)
     assert float(profiled.bandwidth[i, k]) / GBPS == pytest.approx(0.7)  # the unmeasured one kept
+    # held against the spec's slower direction, as the measured figure is the slower one's: a spec
+    # 300x too slow one way (the way the plan's activations went) read "within 2x" of its other way
+    lopsided = {**SPEC, "network": {**SPEC["network"], "overrides": [
+        {"from": "a-0", "to": "b-0", "gbps": 11, "latency_ms": 1}, {"from": "b-0", "to": "a-0", "gbps": 0.05,
+                                                                   "latency_ms": 1}]}}
+    (fig,) = link_figures([PairMeasurement(a=0, b=1, latency_s=0.001, a_to_b=15 * GBPS, b_to_a=15 * GBPS)], ranks,
+                          Cluster.from_spec(lopsided, "c"))
+    assert fig.spec_gbps == pytest.approx(0.05) and fig.changed
 
 
 def test_the_note_says_what_changed_and_what_to_do():

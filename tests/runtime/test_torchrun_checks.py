@@ -148,6 +148,10 @@ def test_a_rank_that_lost_its_peer_says_so_with_the_checkpoint_to_resume_from(mo
                           checkpoint_dir=str(tmp_path / "first.ckpt"))
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     logger = logging.getLogger("torch.distributed.pipelining")
+    import io
+
+    terminal = io.StringIO()
+    logger.addHandler(logging.StreamHandler(terminal))  # as torch._logging gives it one on stderr
     try:
         with pytest.raises(ExecutionError) as e:
             run_cli._run_torchrun(cfg)
@@ -162,6 +166,7 @@ def test_a_rank_that_lost_its_peer_says_so_with_the_checkpoint_to_resume_from(mo
     assert str(e.value).startswith("rank 1: lost contact with another rank (") and "one died or hung" in str(e.value)
     assert f"after iteration 2; last checkpoint: {res['checkpoint']} (continue with --resume)" in str(e.value)
     assert log.read_text().count("schedule dump") == 170 and "Traceback" in log.read_text()
+    assert terminal.getvalue() == ""  # 166 lines of it reached the terminal through torch's own handler
 
 
 def test_a_new_torchrun_job_does_not_append_to_another_runs_metrics(tmp_path, torchrun_env, monkeypatch):
