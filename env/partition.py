@@ -65,16 +65,10 @@ _INF = np.inf
 
 @njit(cache=True)
 def _stage_ok(d, a, b, m, infl, pp, pa, bb, amax, cap, state, reserved, L):
-    return _stage_fits(d, a, b, m, infl, pp, pa, bb, amax[a, b], cap, state, reserved, L)
-
-
-@njit(cache=True)
-def _stage_fits(d, a, b, m, infl, pp, pa, bb, biggest, cap, state, reserved, L):
-    """Whether layers [a, b) fit device d; `biggest`: their largest activation."""
     in_b = bb[a - 1] if a > 0 else 0.0
     out_b = bb[b - 1] if b < L else 0.0
     mem = ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
-           + m * biggest + reserved)
+           + m * amax[a, b] + reserved)
     return mem <= cap[d]
 
 

@@ -73,13 +73,16 @@ class DriftWatch:
         self.expected = expected
         """The cost model's seconds per iteration, when they hold against this run's."""
         self.baseline: float | None = None
-        self.reference: float | None = None
-        """Seconds the last reported slowdown is relative to: `baseline`, or `expected`."""
         self.reference_name = "start"
-        """Which of the two: ``start`` or ``prediction``."""
+        """What the last reported slowdown is relative to: ``start`` (`baseline`) or ``prediction`` (`expected`)."""
         self._seen = 0
         self._recent: deque[float] = deque(maxlen=window)  # a long run keeps only these
         self._next = factor
+
+    @property
+    def reference(self) -> float | None:
+        """The seconds the last reported slowdown is relative to."""
+        return self.expected if self.reference_name == "prediction" else self.baseline
 
     def add(self, step_s: float) -> float | None:
         """Record one iteration's seconds; the slowdown when it crosses the next report level, else None."""
@@ -92,13 +95,13 @@ class DriftWatch:
                 self.baseline = statistics.median(self._recent)
                 # slow from the start: the baseline cannot show it, the prediction can
                 if self.expected and self.baseline >= self.factor * self.expected:
-                    self.reference, self.reference_name = self.expected, "prediction"
+                    self.reference_name = "prediction"
                     return self.baseline / self.expected
             return None
         recent = statistics.median(self._recent)
         ratio = recent / self.baseline if self.baseline > 0 else 0.0
         if ratio >= self._next:
-            self.reference, self.reference_name = self.baseline, "start"
+            self.reference_name = "start"
             self._next = 2 * ratio  # once per doubling, not on every slow iteration
             return ratio
         return None

@@ -175,30 +175,26 @@ class Transport:
     def issue(self, ops: list[dist.P2POp]) -> list[dist.Work]:
         """Start each operation on its own (under NCCL, a batch mixing sends and receives as one
         group); the caller waits on the returned works."""
+        for op in ops:
+            if op.op not in (dist.isend, dist.irecv):
+                raise ExecutionError(f"unsupported point-to-point operation {op.op!r}")
+            if op.op is dist.isend:
+                self.stats.bytes_sent += op.tensor.numel() * op.tensor.element_size()
+        self.stats.messages += len(ops)
         if self.backend == "nccl" and self._delayed is None and len({op.op for op in ops}) > 1:
-            for op in ops:
-                if op.op is dist.isend:
-                    self.stats.bytes_sent += op.tensor.numel() * op.tensor.element_size()
-            self.stats.messages += len(ops)
             return dist.batch_isend_irecv(ops)
         works = []
         for op in ops:
-            if op.op is dist.isend:
-                nbytes = op.tensor.numel() * op.tensor.element_size()
-                if self._delayed is not None:
-                    # A private copy: the caller may reuse the tensor once its wait returns (at once).
-                    payload = op.tensor.detach().clone()
-                    works.append(self._delayed.submit(
-                        dist.get_global_rank(op.group, op.group_peer), nbytes,
-                        lambda t=payload, op=op: dist.isend(t, group=op.group, tag=op.tag, group_dst=op.group_peer)))
-                else:
-                    works.append(dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
-                self.stats.bytes_sent += nbytes
-            elif op.op is dist.irecv:
+            if op.op is dist.irecv:
                 works.append(dist.irecv(op.tensor, group=op.group, tag=op.tag, group_src=op.group_peer))
+            elif self._delayed is not None:
+                # A private copy: the caller may reuse the tensor once its wait returns (at once).
+                payload = op.tensor.detach().clone()
+                works.append(self._delayed.submit(
+                    dist.get_global_rank(op.group, op.group_peer), op.tensor.numel() * op.tensor.element_size(),
+                    lambda t=payload, op=op: dist.isend(t, group=op.group, tag=op.tag, group_dst=op.group_peer)))
             else:
-                raise ExecutionError(f"unsupported point-to-point operation {op.op!r}")
-            self.stats.messages += 1
+                works.append(dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
         return works
 
     def settle(self) -> None:

@@ -209,8 +209,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                  and profiled(cluster, workload, plan))
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
-            if local and transport.backend == "gloo" and visible_gpus() > 0:
-                metrics.event("note", text=f"{world_size} workers and {visible_gpus()} GPU(s) on this machine: "
+            gpus = visible_gpus() if local and transport.backend == "gloo" else 0
+            if gpus:
+                metrics.event("note", text=f"{world_size} workers and {gpus} GPU(s) on this machine: "
                                            "training on the CPU with gloo (NCCL needs a GPU per worker)")
             metrics.event("start", step=step, world_size=world_size, rank_map=how, resumed_from=resumed_from,
                           job=torchrun_job(),

@@ -249,30 +249,19 @@ def _check_metrics_dir(path: str) -> None:
                          fix="pass a file path in a directory this run can write", create=False)
 
 
-def _written_by_this_job(path: Path, kind: str) -> bool:
-    """Whether `path` was written by this torchrun job (its ``TORCHELASTIC_RUN_ID``): a
-    checkpoint's train state (`kind` "job"), or a metrics file whose last ``start`` event
-    names it (`kind` "start"). False without a job id (torchrun's default "none")."""
+def _metrics_of_this_job(path: Path) -> bool:
+    """Whether the metrics file `path` was started by this torchrun job: its last ``start``
+    event names the job's ``TORCHELASTIC_RUN_ID`` (never without one: torchrun's default "none")."""
     from spantrain.runtime.worker import torchrun_job
 
     job = torchrun_job()
     if job is None or not path.is_file():
         return False
     try:
-        if kind == "job":
-            return json.loads(path.read_text()).get("job") == job
         starts = [json.loads(line) for line in path.read_text().splitlines() if '"event": "start"' in line]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
         return False
-    return bool(starts) and starts[-1].get("job") == job
-
-
-def resume_step(checkpoint: Path) -> int | None:
-    """The iteration a checkpoint holds (None when its train state does not say)."""
-    try:
-        return int(json.loads((checkpoint / "train_state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return bool(starts) and isinstance(starts[-1], dict) and starts[-1].get("job") == job
 
 
 def _check_no_metrics(path: Path, flag: str) -> None:
@@ -379,10 +368,13 @@ def _run(args: argparse.Namespace) -> int:
         # torchrun --max-restarts started this attempt after a failure: continue from the last
         # checkpoint this job wrote (the first attempt's command has no --resume); another job's
         # checkpoints stay refused, as the first attempt was
+        from spantrain.runtime.checkpoint import read_json
+        from spantrain.runtime.worker import torchrun_job
+
         latest = latest_checkpoint(args.checkpoint_dir)
-        if latest is not None and _written_by_this_job(latest / "train_state.json", "job"):
-            done = resume_step(latest)
-            if done is not None and done >= args.steps:  # it failed after its last checkpoint
+        state = read_json(latest / "train_state.json") if latest is not None else {}
+        if torchrun_job() is not None and state.get("job") == torchrun_job():
+            if int(state["step"]) >= args.steps:  # it failed after its last checkpoint
                 _note(f"torchrun restart {restart}: the job already trained its {args.steps} iterations "
                       f"(checkpoint {latest})")
                 return 0
@@ -416,7 +408,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
     # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
     # restarted attempt continues the file its own job started
-    own = restart and _written_by_this_job(metrics_path, "start")
+    own = restart and _metrics_of_this_job(metrics_path)
     if not args.resume and (not torchrun or (not own and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
 
