@@ -360,3 +360,26 @@ def test_errors_are_one_write_and_other_ranks_say_which_they_are(monkeypatch, ca
     writes.clear()
     assert main(["topo", "show", "/nonexistent.yaml"]) == 2
     assert writes[0].startswith("spantrain topo: error: ")
+
+
+def test_torchrun_processes_on_a_host_say_the_same_error_once(monkeypatch, tmp_path, capsys):
+    # every rank validates the same spec and plan: 8 processes on a host printed 8 equal lines
+    from spantrain.cli import main
+
+    def torchrun_process(attempt: int, local_rank: int) -> None:
+        error_file = tmp_path / "run-id" / f"attempt_{attempt}" / str(local_rank) / "error.json"
+        error_file.parent.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+        monkeypatch.setenv("RANK", str(local_rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+
+    said = []
+    for attempt, local_rank, spec in [(0, 0, "/missing.yaml"), (0, 1, "/missing.yaml"), (0, 2, "/missing.yaml"),
+                                      (0, 3, "/other.yaml"), (1, 1, "/missing.yaml")]:
+        torchrun_process(attempt, local_rank)
+        assert main(["topo", "show", spec]) == 2  # every process still fails
+        said.append(capsys.readouterr().err)
+    assert said[0].startswith("spantrain topo: error: ") and "/missing.yaml" in said[0]
+    assert said[1] == said[2] == ""
+    assert said[3].startswith("[rank 3] spantrain topo: error: ") and "/other.yaml" in said[3]
+    assert said[4].startswith("[rank 1] spantrain topo: error: ")  # a restarted attempt says it again
