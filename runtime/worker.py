@@ -18,12 +18,16 @@ launcher reports it) and its traceback to its log.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ import torch
 import torch.distributed.checkpoint
 import torch.distributed.pipelining
 
+from spantrain._say import say
 from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.runtime import zb_order
@@ -70,11 +75,43 @@ class StopFlag:
     def __init__(self, armed: bool = True) -> None:
         self.requested = False
         self.armed = armed
+        self._heard = threading.Event()
 
     def __call__(self, signum: int, frame: Any) -> None:
+        self._heard.set()
         if not self.armed:
             raise KeyboardInterrupt
         self.requested = True
+
+    @contextlib.contextmanager
+    def exit_when_blocked(self, grace_s: float = 1.0) -> Iterator[None]:
+        """While the block runs, also end the process at once when a stop signal comes before
+        training starts and the main thread cannot take it within `grace_s`: Python runs signal
+        handlers only between bytecodes, and a rank waiting in torch's process-group set-up for
+        ranks that never come (one failed its checks) sat out torchrun's 30 s before being
+        killed. The signal module writes each signal's number to a pipe at once, whatever the
+        main thread is doing; a thread reading it does the rest. Main thread only."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        old = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=self._watch, args=(read_fd, grace_s), daemon=True, name="stop-watch")
+        watcher.start()
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(old)
+            os.close(write_fd)  # the watcher reads the end of the pipe and returns
+            watcher.join()
+            os.close(read_fd)
+
+    def _watch(self, read_fd: int, grace_s: float) -> None:
+        while received := os.read(read_fd, 1):
+            if self.armed or self._heard.wait(grace_s) or self.armed:
+                continue  # training (the flag finishes the iteration) or the main thread unwinds
+            name = signal.Signals(received[0]).name
+            say(f"spantrain run: stopped by {name} before training started (waiting for the other ranks; "
+                "nothing to save)")
+            os._exit(128 + received[0])
 
 
 def torchrun_job() -> str | None:

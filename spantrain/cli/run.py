@@ -586,7 +586,8 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
     log.parent.mkdir(parents=True, exist_ok=True)
     _pipelining_log_to(log)
     try:
-        return run_worker(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
+        with stop.exit_when_blocked():
+            return run_worker(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
     except (SpantrainError, KeyboardInterrupt):
         raise
     except BaseException as e:  # e.g. a peer died: one line here, the traceback in the log

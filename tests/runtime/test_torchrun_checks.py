@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from runtime_helpers import ASYMMETRIC, plan, run_plan, spantrain_here, write_inputs
@@ -120,6 +125,41 @@ def test_ctrl_c_under_torchrun_stops_after_the_iteration_as_sigterm_does(monkeyp
     flag.armed = True  # as the worker does when its first iteration starts
     flag(signal.SIGINT, None)
     assert flag.requested
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_rank_waiting_for_the_others_stops_at_once(tmp_path, sig):
+    # rank 0 of 4 waits in torch's process-group set-up for ranks that never come: Python runs
+    # no signal handler there, and Ctrl-C (or torchrun's SIGTERM after another rank failed its
+    # checks) went unheard until torchrun killed the process 30 s later
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WANDB_MODE": "offline"}
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *_args(tmp_path)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        log = tmp_path / "run" / "logs" / "rank0.log"
+        deadline = time.monotonic() + 60
+        while not log.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # into the set-up's wait
+        assert proc.poll() is None, proc.communicate()
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + sig, err
+    assert err.strip().endswith(f"stopped by {signal.Signals(sig).name} before training started "
+                                "(waiting for the other ranks; nothing to save)"), err
+    assert took < 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class SimpleCfg:

@@ -1,0 +1,41 @@
+"""One line on stderr for the user, once per host under torchrun."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["say"]
+
+
+def say(line: str) -> None:
+    """One line on stderr in one write: torchrun's processes share the terminal, and print's
+    separate newline let their lines run into each other. Ranks other than 0 say which they are;
+    a line another process of the same torchrun attempt on this host already said is not
+    repeated (every rank of a job validates the same spec and plan)."""
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank not in (None, "0") and "WORLD_SIZE" in os.environ else ""
+    if not _first_to_say(line):
+        return
+    sys.stderr.write(f"{prefix}{line}\n")
+    sys.stderr.flush()
+
+
+def _first_to_say(line: str) -> bool:
+    """Whether no other process of this torchrun attempt on this host has said `line`: a
+    marker file, created exclusively, in the attempt's directory that torchrun shares among
+    its local processes (`<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json`)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return True
+    digest = hashlib.sha1(line.encode()).hexdigest()[:16]
+    marker = Path(error_file).parent.parent / f"spantrain-said-{digest}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:  # no shared directory to coordinate in: say it
+        pass
+    return True
