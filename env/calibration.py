@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from spantrain._spec import FIGURE_MAX, FIGURE_MIN, got, is_figure
+from spantrain._spec import FIGURE_MAX, FIGURE_MIN, got, is_figure, shown
 from spantrain.errors import SpecError, join_problems
 
 __all__ = [
@@ -154,7 +154,7 @@ class Calibration:
                 values[key] = None
             elif isinstance(fields[key].default, bool):
                 if not isinstance(value, bool):
-                    problems.append(f"{key} must be true or false, got {value!r}")
+                    problems.append(f"{key} must be true or false, got {shown(value)}")
                 values[key] = value
             elif not is_figure(value):
                 # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks

@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from spantrain._spec import shown
 from spantrain.errors import ExecutionError
 
 __all__ = ["FORMAT", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta", "restore_rng",
@@ -93,7 +94,7 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
     meta = read_json(path / "meta.json")
     want = model_meta(workload)
     if meta.get("format") != FORMAT:
-        raise ExecutionError(f"checkpoint {path} has format {meta.get('format')!r}, this version reads {FORMAT}")
+        raise ExecutionError(f"checkpoint {path} has format {shown(meta.get('format'))}, this version reads {FORMAT}")
     if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:
         from spantrain.workload import PRESETS
 
@@ -101,15 +102,16 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
         model = meta.get("model")
         use = (f"--model {model}" if model in PRESETS and model != workload.name
                else "the workload file it was trained with")
-        raise ExecutionError(f"checkpoint {path} was written for model {model!r} with a different "
-                             f"architecture than {workload.name!r}: resume with {use}, or pass another "
+        raise ExecutionError(f"checkpoint {path} was written for model {shown(model)} with a different "
+                             f"architecture than {shown(workload.name)}: resume with {use}, or pass another "
                              "--checkpoint-dir to train this model anew")
     state = read_json(path / "train_state.json")
     for key, kind in (("step", int), ("samples_seen", int), ("seed", int), ("rng_state", str)):
         value = state.get(key)
         # counters below zero: the workers would fail on them with a bare numpy or torch error
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
-            raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid {key!r}; {damaged(path)}")
+            raise ExecutionError(f"checkpoint file {path / 'train_state.json'} has no valid {shown(key)}; "
+                                 f"{damaged(path)}")
     scaler = state.get("loss_scale", {"scale": 1.0, "growth_interval": 1, "clean": 0, "skipped": 0})  # fp16 runs'
     if not (isinstance(scaler, dict) and all(isinstance(scaler.get(k), (int, float)) and scaler[k] >= 0
                                              and math.isfinite(scaler[k])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spantrain._spec import plural, read_structured
+from spantrain._spec import plural, read_structured, shown
 from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError, join_problems
 from spantrain.plan import Plan
@@ -128,13 +128,14 @@ def ranks_from_records(plan: Plan, cluster: Cluster, records: Sequence[tuple[str
     for d in plan.devices:
         dev = cluster.device(d)
         if dev.host is None or dev.local_rank is None:
-            problems.append(f"device {d!r} has no host/local_rank record")
+            problems.append(f"device {shown(d)} has no host/local_rank record")
             continue
         hits = [r for r, (h, lr) in enumerate(records) if _same_host(h, dev.host) and lr == dev.local_rank]
         if not hits:
-            problems.append(f"no process runs on host {dev.host!r} with local rank {dev.local_rank} (device {d!r})")
+            problems.append(f"no process runs on host {shown(dev.host)} with local rank {dev.local_rank} "
+                            f"(device {shown(d)})")
         elif len(hits) > 1:
-            problems.append(f"processes {hits} all report host {dev.host!r} local rank {dev.local_rank}")
+            problems.append(f"processes {hits} all report host {shown(dev.host)} local rank {dev.local_rank}")
         else:
             mapping[d] = hits[0]
     if problems:

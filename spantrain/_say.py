@@ -17,6 +17,7 @@ def say(line: str) -> None:
     repeated (every rank of a job validates the same spec and plan)."""
     rank = os.environ.get("RANK")
     prefix = f"[rank {rank}] " if rank not in (None, "0") and "WORLD_SIZE" in os.environ else ""
+    line = line.replace("\r", "\\r").replace("\n", "\\n")  # a path or id may hold one: the line stays one
     if not _first_to_say(line):
         return
     sys.stderr.write(f"{prefix}{line}\n")

@@ -12,7 +12,9 @@ import json
 import math
 import os
 import re
+import reprlib
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +60,11 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
         raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
     try:
         return _parse_text(p, text, error)
+    except ValueError as e:  # Python converts at most 4,300 digits to an int, by default
+        if "integer string conversion" not in str(e):
+            raise
+        raise error(f"{p}: holds a number of more than {sys.get_int_max_str_digits():,} digits, which no figure of a "
+                    "spec, plan or workload is: check the file") from None
     except RecursionError:  # both parsers recurse per level: [[[[...]]]] exhausts the stack
         raise error(f"{p}: nested too deeply to read (spec, plan and workload files are a few levels "
                     "deep; check the brackets)") from None
@@ -88,7 +95,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             try:
                 if key in first:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first at line "
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {shown(key)} (first at line "
                                                             f"{first[key] + 1}): give each key once",
                                                             key_node.start_mark)
                 first[key] = key_node.start_mark.line
@@ -105,7 +112,7 @@ def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
         except json.JSONDecodeError as e:
             raise error(f"{p}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
         except _DuplicateKey as e:
-            raise error(f"{p}: duplicate key {e.args[0]!r} in one object: give each key once") from None
+            raise error(f"{p}: duplicate key {shown(e.args[0])} in one object: give each key once") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
@@ -207,29 +214,41 @@ def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, pro
     prefix = f"{where}: " if where else ""
     for key in obj:
         if key not in allowed:
-            problems.append(f"{prefix}unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+            problems.append(f"{prefix}unknown key {shown(key)} (allowed: {', '.join(sorted(allowed))})")
     for key in sorted(required):
         if key not in obj:
-            problems.append(f"{prefix}missing required key {key!r}")
+            problems.append(f"{prefix}missing required key {shown(key)}")
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = 1, 80, 40, 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: Any) -> str:
+    """A value from a user's file as a message shows it: repr, cut short. A 490-byte YAML file
+    of nested aliases expands to millions of items, and its full repr in a message took 7 MB
+    (gigabytes and minutes, nested deeper); repr also keeps a newline in an id on one line."""
+    return _SHOWN.repr(value)
 
 
 def got(value: Any) -> str:
     """How a message shows a bad value: "got 'x'", saying so when a string holds a number."""
     if not isinstance(value, str):
-        return f"got {value!r}"
+        return f"got {shown(value)}"
     try:
         number = float(value)
     except ValueError:
-        return f"got {value!r}"
+        return f"got {shown(value)}"
     if not math.isfinite(number):
-        return f"got {value!r}"
+        return f"got {shown(value)}"
     m = _EXP_NUMBER.fullmatch(value.strip())
     if m and (m[2] or m[3]):
         sign, whole, frac, esign, exp = m.groups()
         fixed = f"{sign}{whole or '0'}.{frac or '0'}e{esign or '+'}{exp}"
         if fixed != value.strip().lower():
-            return f"got the string {value!r} (YAML reads {value.strip()} as text; write {fixed})"
-    return f"got the string {value!r} (write the number without quotes)"
+            return f"got the string {shown(value)} (YAML reads {value.strip()} as text; write {fixed})"
+    return f"got the string {shown(value)} (write the number without quotes)"
 
 
 def _is_number(value: Any) -> bool:
@@ -251,7 +270,7 @@ def positive_number(obj: dict, key: str, where: str, problems: list[str]) -> flo
         problems.append(f"{where}: {key} must be a positive number, {got(value)}")
         return None
     if not FIGURE_MIN <= value <= FIGURE_MAX:
-        problems.append(f"{where}: {key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g}, got {value!r}")
+        problems.append(f"{where}: {key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g}, got {shown(value)}")
         return None
     return float(value)
 
@@ -263,7 +282,7 @@ def nonneg_number(obj: dict, key: str, where: str, problems: list[str]) -> float
     if is_figure(value):
         return float(value)
     if _is_number(value) and value > FIGURE_MAX:
-        problems.append(f"{where}: {key} must be at most {FIGURE_MAX:g}, got {value!r}")
+        problems.append(f"{where}: {key} must be at most {FIGURE_MAX:g}, got {shown(value)}")
     else:
         problems.append(f"{where}: {key} must be a number >= 0, {got(value)}")
     return None
@@ -284,7 +303,7 @@ def nonempty_str(obj: dict, key: str, where: str, problems: list[str]) -> str | 
         return None
     value = obj[key]
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
-        problems.append(f"{where}: {key} must be a non-empty string without spaces, got {value!r}")
+        problems.append(f"{where}: {key} must be a non-empty string without spaces, got {shown(value)}")
         return None
     return value
 

@@ -35,6 +35,7 @@ from spantrain._spec import (
     positive_int,
     positive_number,
     read_structured,
+    shown,
     write_text_atomic,
 )
 from spantrain.errors import SpecError, join_problems
@@ -149,7 +150,7 @@ class Cluster:
         self.network = network
         problems = _check_devices(self.devices, network)
         if problems:
-            raise SpecError(f"cluster {name!r}: " + join_problems(problems))
+            raise SpecError(f"cluster {shown(name)}: " + join_problems(problems))
         self._index = {d.id: i for i, d in enumerate(self.devices)}
         base_bw, base_lat = self._network_arrays()
         self.bandwidth = base_bw if bandwidth is None else _checked_array(bandwidth, "bandwidth", len(self))
@@ -187,7 +188,7 @@ class Cluster:
         try:
             return self._index[device_id]
         except KeyError:
-            raise SpecError(f"cluster {self.name!r} has no device {device_id!r}") from None
+            raise SpecError(f"cluster {shown(self.name)} has no device {shown(device_id)}") from None
 
     def __contains__(self, device_id: object) -> bool:
         return device_id in self._index
@@ -331,15 +332,15 @@ def _check_devices(devices: tuple[Device, ...], network: Network) -> list[str]:
     seen: set[str] = set()
     for d in devices:
         if d.id in seen:
-            problems.append(f"duplicate device id {d.id!r}")
+            problems.append(f"duplicate device id {shown(d.id)}")
         seen.add(d.id)
         if d.region not in network.regions:
-            problems.append(f"device {d.id!r}: region {d.region!r} is not listed under network.regions")
+            problems.append(f"device {shown(d.id)}: region {shown(d.region)} is not listed under network.regions")
     regions = list(dict.fromkeys(d.region for d in devices if d.region in network.regions))
     for i, a in enumerate(regions):
         for b in regions[i + 1:]:
             if network.between(a, b) is None:
-                problems.append(f"no link between regions {a!r} and {b!r}: add it to network.links "
+                problems.append(f"no link between regions {shown(a)} and {shown(b)}: add it to network.links "
                                 "or set network.default")
     return problems
 
@@ -389,7 +390,7 @@ def _device_spec(d: Device, *, id: str, count: int | None = None) -> dict[str, A
 
 def _parse_link(obj: Any, where: str, problems: list[str], extra: set[str] = frozenset()) -> NetLink | None:
     if not isinstance(obj, dict):
-        problems.append(f"{where}: expected a mapping with gbps and latency_ms, got {obj!r}")
+        problems.append(f"{where}: expected a mapping with gbps and latency_ms, got {shown(obj)}")
         return None
     check_keys(obj, _LINK_KEYS | extra, _LINK_KEYS, where, problems)
     gbps = positive_number(obj, "gbps", where, problems)
@@ -464,7 +465,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                 if not isinstance(r, str):  # YAML reads `1:` as a number, which no device's region matches
                     hint = (f"quote it: '{r}'" if isinstance(r, int | float) and not isinstance(r, bool) else
                             "YAML reads yes, no, on, off, true, false and null unquoted as such: quote the name")
-                    problems.append(f"network.regions: region name {r!r} must be a string ({hint})")
+                    problems.append(f"network.regions: region name {shown(r)} must be a string ({hint})")
                     known = None
                     continue
                 if known is not None:
@@ -485,14 +486,14 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                 continue
             for r in between:
                 if known is not None and r not in known:
-                    problems.append(f"{where}: unknown region {r!r} (not listed under network.regions)")
+                    problems.append(f"{where}: unknown region {shown(r)} (not listed under network.regions)")
             if between[0] == between[1]:
-                problems.append(f"{where}: links join two different regions; set {between[0]!r} "
+                problems.append(f"{where}: links join two different regions; set {shown(between[0])} "
                                 "under network.regions instead")
                 continue
             key = tuple(sorted(between))
             if key in links:
-                problems.append(f"{where}: duplicate link between {key[0]!r} and {key[1]!r}")
+                problems.append(f"{where}: duplicate link between {shown(key[0])} and {shown(key[1])}")
             if link:
                 links[key] = link
         if net.get("default") is not None:
@@ -518,7 +519,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     for k, entry in enumerate(raw_devices or []):
         where = f"devices[{k}]"
         if not isinstance(entry, dict):
-            problems.append(f"{where}: expected a mapping, got {entry!r}")
+            problems.append(f"{where}: expected a mapping, got {shown(entry)}")
             continue
         if isinstance(entry.get("id"), str):
             where = f"devices[{k}] ({entry['id']})"
@@ -529,13 +530,13 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             problems.append(f"{where}: region must be a string")
             region = None
         elif isinstance(region, str) and known is not None and region not in known:
-            problems.append(f"{where}: unknown region {region!r} (not listed under network.regions)")
+            problems.append(f"{where}: unknown region {shown(region)} (not listed under network.regions)")
         tflops = positive_number(entry, "tflops", where, problems)
         mem = positive_number(entry, "memory_gb", where, problems)
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1
         if count is not None and count > MAX_DEVICES:
             problems.append(f"{where}: count must be at most {MAX_DEVICES} (the most devices a cluster may have), "
-                            f"got {count}")
+                            f"got {shown(count)}")
             count = None
         tier = entry.get("tier", "cloud")
         gpu = entry.get("gpu", "")
@@ -571,9 +572,10 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     seen = {d.id for d in devices}
     for did, c in id_counts.items():
         if c > 1:
-            problems.append(f"devices: duplicate device id {did!r} (ids must be unique after count expansion)")
+            problems.append(f"devices: duplicate device id {shown(did)} (ids must be unique after count expansion)")
     # overrides refer to expanded device ids
     pair_overrides: list[tuple[str, str, NetLink, bool]] = []
+    first_given: dict[tuple[str, str], str] = {}  # (from, to) -> the override that set it
     for where, v in raw_overrides:
         if not isinstance(v, dict):
             problems.append(f"{where}: expected a mapping")
@@ -589,9 +591,16 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             continue
         for x in pair:
             if x not in seen and not any(x == r or x.startswith(f"{r}-") for r in refused):
-                problems.append(f"{where}: unknown device {x!r}")
+                problems.append(f"{where}: unknown device {shown(x)}")
         if pair[0] == pair[1]:
             problems.append(f"{where}: a device pair needs two different devices")
+        # given twice, the last one silently won
+        for a, b in [tuple(pair)] if directed else [tuple(pair), tuple(pair[::-1])]:
+            if (a, b) in first_given:
+                problems.append(f"{where}: the link from {shown(a)} to {shown(b)} is already set by "
+                                f"{first_given[a, b]}: give each device pair once (from/to for one direction)")
+                break
+            first_given[a, b] = where
         if link:
             pair_overrides.append((pair[0], pair[1], link, directed))
 

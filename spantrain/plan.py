@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spantrain._spec import check_keys, got, read_structured, write_text_atomic
+from spantrain._spec import check_keys, got, read_structured, shown, write_text_atomic
 from spantrain.errors import PlanError
 from spantrain.workload import MAX_GLOBAL_BATCH
 
@@ -139,9 +139,9 @@ class Plan:
         """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
         out: list[str] = []
         if self.schedule not in SCHEDULES:
-            out.append(f"schedule {self.schedule!r} is unknown (choose from {', '.join(SCHEDULES)})")
+            out.append(f"schedule {shown(self.schedule)} is unknown (choose from {', '.join(SCHEDULES)})")
         if self.sync.mode not in SYNC_MODES:
-            out.append(f"sync mode {self.sync.mode!r} is unknown (choose from {', '.join(SYNC_MODES)})")
+            out.append(f"sync mode {shown(self.sync.mode)} is unknown (choose from {', '.join(SYNC_MODES)})")
         if not _pos_int(self.sync.period):
             out.append(f"sync period must be a positive integer, {got(self.sync.period)}")
         elif too_long := _period_too_long(self.sync.period):
@@ -173,9 +173,9 @@ class Plan:
                                "(multi-device stages are not supported yet)")
                 for d in s.devices:
                     if cluster is not None and d not in cluster:
-                        out.append(f"{sw}: unknown device {d!r}")
+                        out.append(f"{sw}: unknown device {shown(d)}")
                     if d in seen:
-                        out.append(f"{sw}: device {d!r} is already used by {seen[d]}")
+                        out.append(f"{sw}: device {shown(d)} is already used by {seen[d]}")
                     else:
                         seen[d] = sw
                 a, b = s.layers
@@ -309,5 +309,5 @@ def _pos_int(x: Any) -> bool:
 def _period_too_long(period: int) -> str | None:
     """The problem with a positive sync period beyond `MAX_SYNC_PERIOD`, if it is."""
     if period > MAX_SYNC_PERIOD:
-        return f"sync period must be at most {MAX_SYNC_PERIOD} iterations, got {period}"
+        return f"sync period must be at most {MAX_SYNC_PERIOD} iterations, got {shown(period)}"
     return None

@@ -43,7 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from spantrain._spec import check_keys, got, nonempty_str, nonneg_number, positive_int, read_structured
+from spantrain._spec import (
+    check_keys,
+    got,
+    nonempty_str,
+    nonneg_number,
+    positive_int,
+    read_structured,
+    shown,
+)
 from spantrain.errors import WorkloadError, join_problems
 
 __all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "MAX_LAYERS",
@@ -109,7 +117,7 @@ class Architecture:
 
     def __post_init__(self) -> None:
         if self.family not in ("gpt2", "llama", "bert"):
-            raise WorkloadError(f"architecture.family: unknown family {self.family!r} (gpt2, llama or bert)")
+            raise WorkloadError(f"architecture.family: unknown family {shown(self.family)} (gpt2, llama or bert)")
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -117,7 +125,7 @@ class Architecture:
         if not isinstance(self.flash_attention, bool):  # a quoted "no" would read as true
             raise WorkloadError(f"architecture.flash_attention must be true or false, {got(self.flash_attention)}")
         if self.n_layers > MAX_LAYERS - 2:  # plus the embedding and the head
-            raise WorkloadError(f"architecture.n_layers must be at most {MAX_LAYERS - 2}, got {self.n_layers}")
+            raise WorkloadError(f"architecture.n_layers must be at most {MAX_LAYERS - 2}, got {shown(self.n_layers)}")
         if self.d_model % self.n_heads:
             raise WorkloadError(f"architecture.d_model ({self.d_model}) must be divisible by "
                                 f"n_heads ({self.n_heads})")
@@ -144,21 +152,22 @@ class Workload:
 
     def __post_init__(self) -> None:
         if not self.layers:
-            raise WorkloadError(f"workload {self.name!r}: needs at least one layer")
+            raise WorkloadError(f"workload {shown(self.name)}: needs at least one layer")
         if self.train_flops <= 0:  # every plan would take 0 s: planners divide by a stage's time
-            raise WorkloadError(f"workload {self.name!r}: every layer has 0 FLOPs, so there is no work to plan "
+            raise WorkloadError(f"workload {shown(self.name)}: every layer has 0 FLOPs, so there is no work to plan "
                                 "(give the layers their forward_flops)")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
-            raise WorkloadError(f"workload {self.name!r}: global_batch must be a positive integer, "
-                                f"got {self.global_batch!r}")
+            raise WorkloadError(f"workload {shown(self.name)}: global_batch must be a positive integer, "
+                                f"got {shown(self.global_batch)}")
         if self.global_batch > MAX_GLOBAL_BATCH:
-            raise WorkloadError(f"workload {self.name!r}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, "
-                                f"got {self.global_batch}")
+            raise WorkloadError(f"workload {shown(self.name)}: global_batch must be at most {MAX_GLOBAL_BATCH} "
+                                f"samples, got {shown(self.global_batch)}")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
-            raise WorkloadError(f"workload {self.name!r}: seq_len must be a positive integer, got {self.seq_len!r}")
+            raise WorkloadError(f"workload {shown(self.name)}: seq_len must be a positive integer, "
+                                f"got {shown(self.seq_len)}")
         if self.precision not in PRECISIONS:
-            raise WorkloadError(f"workload {self.name!r}: precision must be one of "
-                                f"{', '.join(PRECISIONS)}, got {self.precision!r}")
+            raise WorkloadError(f"workload {shown(self.name)}: precision must be one of "
+                                f"{', '.join(PRECISIONS)}, got {shown(self.precision)}")
 
     # ---- views ------------------------------------------------------------------------
 
@@ -205,10 +214,10 @@ class Workload:
     def from_arch(cls, arch: Architecture, *, name: str, global_batch: int, seq_len: int,
                   precision: str = "bf16", tied_embeddings: bool = False) -> Workload:
         if seq_len > arch.max_seq_len:
-            raise WorkloadError(f"workload {name!r}: seq_len {seq_len} exceeds the architecture's "
+            raise WorkloadError(f"workload {shown(name)}: seq_len {seq_len} exceeds the architecture's "
                                 f"max_seq_len {arch.max_seq_len}")
         if precision not in PRECISIONS:
-            raise WorkloadError(f"workload {name!r}: precision must be one of {', '.join(PRECISIONS)}")
+            raise WorkloadError(f"workload {shown(name)}: precision must be one of {', '.join(PRECISIONS)}")
         layers = _transformer_layers(arch, seq_len, PRECISIONS[precision])
         return cls(name=name, layers=tuple(layers), global_batch=global_batch, seq_len=seq_len,
                    precision=precision, arch=arch, tied_embeddings=tied_embeddings)
@@ -216,7 +225,7 @@ class Workload:
     @classmethod
     def from_preset(cls, name: str, *, global_batch: int | None = None, seq_len: int | None = None) -> Workload:
         if name not in PRESETS:
-            raise WorkloadError(f"unknown model {name!r}: use a preset ({', '.join(PRESETS)}) "
+            raise WorkloadError(f"unknown model {shown(name)}: use a preset ({', '.join(PRESETS)}) "
                                 "or a workload YAML file")
         p = PRESETS[name]
         return cls.from_arch(p["arch"], name=name, global_batch=global_batch or p["global_batch"],
@@ -242,7 +251,7 @@ def load_workload(model: str, *, global_batch: int | None = None) -> Workload:
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         w = Workload.from_file(path)
         return w.with_global_batch(global_batch) if global_batch else w
-    raise WorkloadError(f"unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
+    raise WorkloadError(f"unknown model {shown(model)}: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
 
 
 # ---- formulas ------------------------------------------------------------------------------
@@ -340,11 +349,11 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         problems.append(f"{source}: tied_embeddings must be true or false, {got(tied)}")
     gb = positive_int(spec, "global_batch", source, problems)
     if gb is not None and gb > MAX_GLOBAL_BATCH:
-        problems.append(f"{source}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, got {gb}")
+        problems.append(f"{source}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, got {shown(gb)}")
     s = positive_int(spec, "seq_len", source, problems)
     precision = spec.get("precision", "bf16")
     if not isinstance(precision, str) or precision not in PRECISIONS:
-        problems.append(f"{source}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        problems.append(f"{source}: precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}")
     if ("architecture" in spec) == ("layers" in spec):
         problems.append(f"{source}: give exactly one of 'architecture' or 'layers'")
     if problems:
@@ -395,7 +404,7 @@ def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1
         if count is not None and count > MAX_LAYERS:
             problems.append(f"{where}: count must be at most {MAX_LAYERS} (the most layers a workload may have), "
-                            f"got {count}")
+                            f"got {shown(count)}")
             count = None
         if None in (name, fwd, b, w, count) or None in vals.values():
             continue

@@ -114,6 +114,39 @@ def test_a_file_nested_too_deeply_is_a_one_line_error(run_cli, tmp_path, suffix)
     _one_line_error(code, out, err, f"{deep}: nested too deeply to read")
 
 
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_number_of_thousands_of_digits_is_a_one_line_error(run_cli, tmp_path, suffix):
+    # Python converts at most 4,300 digits to an int: a ValueError traceback
+    big = tmp_path / f"big{suffix}"
+    big.write_text('{"devices": [{"id": "a", "tflops": 1' + "0" * 5000 + "}]}")
+    code, out, err = run_cli("topo", "show", big)
+    _one_line_error(code, out, err, f"{big}: holds a number of more than 4,300 digits")
+
+
+def test_a_bad_value_is_shown_cut_short(run_cli, tmp_path):
+    # 490 bytes of nested YAML aliases expand to 10^6 items: the message was 7 MB, and nested
+    # deeper, its repr took gigabytes and minutes
+    lines = ["name: t", "zz:", "  x0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"  x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    lines += ["devices:", "  - {id: a, region: r1, tier: cloud, gpu: A100-40GB, tflops: *a8, memory_gb: 40}",
+              "network: {regions: {r1: {gbps: 100, latency_ms: 0.02}}}"]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines))
+    code, out, err = run_cli("topo", "show", bomb)
+    _one_line_error(code, out, err, "tflops must be a positive number, got [[...], [...], [...], [...], ...]")
+    assert len(err) < 400
+
+
+def test_a_newline_in_a_path_or_id_stays_on_the_one_line(run_cli, tmp_path):
+    code, out, err = run_cli("topo", "show", tmp_path / "a\nb.yaml")
+    _one_line_error(code, out, err, "a\\nb.yaml: file not found")
+    spec = tmp_path / "c.yaml"
+    spec.write_text('devices: [{id: "a\\nb", region: r, tflops: 1, memory_gb: -1}]\nnetwork: {regions: {r: {gbps: 1, '
+                    'latency_ms: 1}}}')
+    code, out, err = run_cli("topo", "show", spec)
+    _one_line_error(code, out, err, "memory_gb")
+
+
 def test_bad_arguments(run_cli):
     code, out, err = run_cli("topo", "generate", "--devices", "1")
     _one_line_error(code, out, err, "from 2 to 4096")

@@ -56,6 +56,26 @@ def test_changed_arrays_round_trip_as_overrides(demo_spec, tmp_path):
     assert any(o.get("from") == "edge-0" and o.get("to") == "end-0" for o in overrides)
 
 
+@pytest.mark.parametrize("second", [{"between": ["cloud-1", "cloud-0"]}, {"from": "cloud-0", "to": "cloud-1"},
+                                    {"from": "cloud-1", "to": "cloud-0"}])
+def test_a_device_pair_given_twice_is_refused(demo_spec, second):
+    # the last override silently won: a typo'd copy decided the link
+    spec = json.loads(json.dumps(demo_spec))
+    overrides = spec["network"]["overrides"]
+    assert overrides[0]["between"] == ["cloud-0", "cloud-1"]
+    overrides.append({**second, "gbps": 7, "latency_ms": 3})
+    where = f"network.overrides[{len(overrides) - 1}]"
+    with pytest.raises(SpecError, match=re.escape(f"{where}: the link from ") + ".* is already set by "
+                       + re.escape("network.overrides[0]: give each device pair once")):
+        Cluster.from_spec(spec)
+    # one override per direction is how a one-way link is written
+    spec["network"]["overrides"] = [{"from": "cloud-0", "to": "cloud-1", "gbps": 7, "latency_ms": 3},
+                                    {"from": "cloud-1", "to": "cloud-0", "gbps": 9, "latency_ms": 3}]
+    c = Cluster.from_spec(spec)
+    assert c.bandwidth[c.index("cloud-0"), c.index("cloud-1")] == pytest.approx(7 * GBPS)
+    assert c.bandwidth[c.index("cloud-1"), c.index("cloud-0")] == pytest.approx(9 * GBPS)
+
+
 def test_subset_keeps_links(demo_spec):
     c = Cluster.from_spec(demo_spec)
     s = c.subset(["cloud-1", "end-0"])
