@@ -22,7 +22,6 @@ how many generations run.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -36,7 +35,10 @@ from spantrain.plan import SCHEDULES, Plan
 from spantrain.policies.feasibility import no_fit_error
 from spantrain.workload import Workload
 
-__all__ = ["GeneticConfig", "GeneticPlanner"]
+__all__ = ["GeneticConfig", "GeneticPlanner", "MAX_BUDGET_S"]
+
+MAX_BUDGET_S = 86400.0
+"""The longest search: a day (a larger figure is a typo, and the search would run it out)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +58,9 @@ class GeneticConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.budget_s, bool) or not isinstance(self.budget_s, (int, float)) or \
-                not (self.budget_s > 0 and math.isfinite(self.budget_s)):
-            raise PlannerError(f"ga: budget_s must be a positive number of seconds, got {self.budget_s!r}")
+                not (0 < self.budget_s <= MAX_BUDGET_S):
+            raise PlannerError(f"ga: budget_s must be a number of seconds in (0, {MAX_BUDGET_S:g}], "
+                               f"got {self.budget_s!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise PlannerError(f"ga: seed must be an integer, got {self.seed!r}")
         if isinstance(self.population, bool) or not isinstance(self.population, int) or self.population < 4:

@@ -22,6 +22,7 @@ The shipped one lives in `spantrain/policies/assets/ppo-policy.pt`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import sys
 import time
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from spantrain._spec import shown
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import Candidate, Evaluator
@@ -99,6 +101,8 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     except Exception as e:  # text, a foreign pickle, an empty or truncated file
         if _damaged(e, path):
             raise PolicyError(f"{who} is damaged or truncated: {fix}") from None
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EIO):  # may well be a policy
+            raise PolicyError(f"{who} cannot be read ({e.strerror})") from None
         # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
         raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
     if isinstance(blob, dict) and {"optimizer", "num_timesteps", "config"} <= blob.keys():
@@ -108,7 +112,7 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
         what = "a dict without a 'format' key" if isinstance(blob, dict) else f"a {type(blob).__name__}"
         raise PolicyError(f"{who} is not a spantrain policy file (it holds {what}): {fix}")
     if blob["format"] != _FORMAT:
-        raise PolicyError(f"policy file {path} has format {blob['format']!r}, expected {_FORMAT}")
+        raise PolicyError(f"policy file {path} has format {shown(blob['format'])}, expected {_FORMAT}")
     try:
         net = GraphPolicyNet(**blob["net"])
         net.load_state_dict(blob["state_dict"])

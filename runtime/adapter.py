@@ -258,7 +258,10 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
         _track_decisions(cfg, adapter.records)
     losses = _losses(cfg.metrics_path, first_step, result["final_step"])
-    return {**result, "start_step": first_step, "losses": losses, "loss_first": losses[0] if losses else None,
+    # steps: the whole run's (the last plan's result counted its own only); step_s, samples_per_s:
+    # the last plan's, each plan's in segments
+    return {**result, "steps": len(losses), "start_step": first_step, "losses": losses,
+            "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments,
             "skipped_steps": _skipped(cfg.metrics_path, first_step, result["final_step"])}
 

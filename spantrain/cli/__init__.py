@@ -56,7 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"spantrain.cli.{module}")
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.register(p)
+        _refuse_empty_paths(p)
     return parser
+
+
+def _refuse_empty_paths(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:  # groups' options too
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _refuse_empty_paths(sub)
+        elif action.metavar in _PATH_METAVARS and action.type is None and action.nargs is None:
+            action.type = _path
+
+
+_PATH_METAVARS = {"FILE", "DIR", "PATH", "PNG"}
+
+
+def _path(text: str) -> str:
+    """A path option's value: `-o ""` (an unset shell variable) wrote nothing and said nothing."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: give a file or directory name")
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

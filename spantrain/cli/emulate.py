@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from spantrain.runtime.emulator.state import sweep_leftovers
 
     if args.cleanup:
+        if args.cluster or args.cmd:  # it ran nothing and exited 0, as if the command had run
+            raise EmulationError("--cleanup only removes what crashed runs left behind: give it alone, then run "
+                                 "spantrain emulate -c C.yaml -- COMMAND")
         cleaned = sweep_leftovers()
         print(f"spantrain emulate: removed {len(cleaned)} leftover run(s)"
               + (f": {', '.join(cleaned)}" if cleaned else ""), file=sys.stderr)

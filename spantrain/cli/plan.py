@@ -57,8 +57,11 @@ def requested_options(args: argparse.Namespace) -> dict[str, Any]:
 
     wanted: dict[str, Any] = {}
     if args.budget_s is not None:
-        if not (args.budget_s > 0 and math.isfinite(args.budget_s)):
-            raise PlannerError(f"--budget-s must be a finite positive number of seconds, got {args.budget_s:g}")
+        from spantrain.policies.genetic import MAX_BUDGET_S
+
+        if not 0 < args.budget_s <= MAX_BUDGET_S:
+            raise PlannerError(f"--budget-s must be a number of seconds in (0, {MAX_BUDGET_S:g}], "
+                               f"got {args.budget_s:g}")
         wanted["budget_s"] = args.budget_s
     if args.allow_local_sgd:
         wanted["allow_local_sgd"] = True

@@ -416,3 +416,13 @@ def test_torchrun_processes_on_a_host_say_the_same_error_once(monkeypatch, tmp_p
     assert said[1] == said[2] == ""
     assert said[3].startswith("[rank 3] spantrain topo: error: ") and "/other.yaml" in said[3]
     assert said[4].startswith("[rank 1] spantrain topo: error: ")  # a restarted attempt says it again
+
+
+@pytest.mark.parametrize("args", [["topo", "generate", "--devices", "4", "-o", ""], ["topo", "show", ""],
+                                  ["plan", "-c", "C", "-m", "tiny-gpt", "-o", ""],
+                                  ["run", "-c", "C", "-m", "tiny-gpt", "--planner", "heuristic", "--run-dir", ""]])
+def test_an_empty_path_is_refused(run_cli, args):
+    # `-o ""` (an unset shell variable) wrote nothing and said nothing: topo generate printed the spec
+    args = [str(ROOT / "examples" / "cee-demo.yaml") if a == "C" else a for a in args]
+    code, out, err = run_cli(*args)
+    _one_line_error(code, out, err, ": an empty path: give a file or directory name")

@@ -188,6 +188,21 @@ def test_auto_falls_back_to_the_heuristic_without_a_policy(tmp_path, capsys, mon
         ppo.AutoPlanner(policy=str(tmp_path / "missing.pt")).prepare()
 
 
+def test_a_policy_file_that_cannot_be_read_says_so(tmp_path, monkeypatch):
+    # was "is not a spantrain policy file": the file may be one, only not readable by this user
+    import torch
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import SHIPPED_POLICY, load_policy
+
+    def no_permission(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(torch, "load", no_permission)
+    with pytest.raises(PolicyError, match=r"^--policy \S+ppo-policy\.pt cannot be read \(Permission denied\)$"):
+        load_policy(str(SHIPPED_POLICY))
+
+
 FIX = "pass a policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a checkpoint)"
 
 

@@ -122,6 +122,7 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     assert b"adapt/decisions" in wandb_records(tmp_path / "adapt" / "wandb", b"adapt/decisions")
     assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
     assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
+    assert res["steps"] == steps  # was the last plan's alone
     first, second = res["segments"]
     assert first["plan"] == RUNNING.to_dict() and first["final_step"] == second["start_step"]
     assert 3 <= first["final_step"] < steps and res["world_size"] == len(Plan.from_dict(second["plan"]).devices) < 4

@@ -365,6 +365,8 @@ def test_cli_input_errors_are_one_line(run_cli, tmp_path):
     for args, needle in [((), "--cluster is required"),
                          (("-c", spec), "no command"),
                          (("-c", spec, "--bandwidth-scale", "x", "--", "true"), "--bandwidth-scale"),
+                         # it ran nothing and exited 0, as if the command had run
+                         (("--cleanup", "-c", spec, "--", "true"), "--cleanup only removes what crashed runs left"),
                          (("-c", tmp_path / "none.yaml", "--", "true"), "file not found"),
                          (("-c", spec, "--mode", "local", "--", "no-such-command-xyz"), "command not found"),
                          (("-c", spec, "--mode", "local", "--log-dir", spec / "logs", "--", "true"),
