@@ -119,6 +119,9 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     except Exception as e:  # a policy file whose network does not build: say which and how to fix it
         raise PolicyError(f"policy file {path} is unusable ({load_failure(e)}); retrain it with "
                           f"`spantrain train-policy`{heuristic}") from None
+    # bytes overwritten inside the zip still load: the weights hold NaN, and so did every rollout
+    if not all(torch.isfinite(t).all() for t in net.state_dict().values() if t.is_floating_point()):
+        raise PolicyError(f"{who} is damaged (its weights hold NaN or infinite values): {fix}")
     net.eval()
     return net, blob.get("env", {}), blob.get("meta", {})
 
@@ -233,6 +236,9 @@ def _rollouts(net, envs, obs, alive, steps, gen) -> None:
             batch = {k: torch.as_tensor(np.stack([obs[i][k] for i in alive])) for k in obs[0]}
             logits, _ = net(batch)
             masks = torch.as_tensor(np.stack([envs[i].action_masks() for i in alive]))
+            if not torch.isfinite(logits).all():  # finite weights can still overflow: say so, not multinomial's error
+                raise PolicyError("the policy's outputs are not finite numbers on this cluster: its weights are "
+                                  "unusable; retrain it with `spantrain train-policy` or use --planner heuristic")
             logits = logits.masked_fill(~masks, -math.inf)
             greedy = logits.argmax(dim=-1)
             sampled = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen).squeeze(-1)
@@ -327,13 +333,13 @@ class AutoPlanner:
         heuristic = HeuristicPlanner().best_candidate(ev)
         try:
             self.ppo.prepare()
+            learned = self.ppo.best_candidate(ev, start=heuristic)
         except PolicyError as e:
             if self.ppo.config.policy:  # the fallback is for the shipped policy, not a file the user named
                 raise
             print(f"spantrain: warning: {e}; using the heuristic plan", file=sys.stderr)
             self.stats = {"chosen": "heuristic", "fallback": str(e)}
             return heuristic
-        learned = self.ppo.best_candidate(ev, start=heuristic)
         chosen = learned if learned.time < heuristic.time else heuristic
         self.stats = {"chosen": "ppo" if chosen is learned and learned.time < heuristic.time else "heuristic",
                       **self.ppo.stats}

@@ -410,7 +410,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                 hooks.close()
             learned["steps"] = model.num_timesteps
             updating["now"] = False
-            model.logger.dump(step=model.num_timesteps)  # SB3 dumps an update's losses only after the next rollout
+            # SB3 dumps an update's losses with the next rollout's figures: the last update's are left,
+            # and one step on (the last rollout's step already holds the update before: W&B merged the two)
+            model.logger.dump(step=model.num_timesteps + 1)
         t_train = elapsed()
         phase = "final evaluation"
         net.eval()
@@ -536,9 +538,10 @@ def _write_rows(path: Path, rows: list[list[Any]]) -> Path:
     return path
 
 
-_SB3_NOT_LOGGED = frozenset({"total_timesteps", "iterations", "learning_rate", "clip_range"})
-"""SB3's values that are the W&B step itself, restart on a resumed part (SB3 counts iterations
-per `learn` call), or are constants already in the run's config."""
+_SB3_NOT_LOGGED = frozenset({"total_timesteps", "iterations", "n_updates", "time_elapsed", "learning_rate",
+                             "clip_range"})
+"""SB3's values that are the W&B step itself or counters of it, restart on a resumed part (SB3
+counts iterations and time per `learn` call), or are constants already in the run's config."""
 
 
 def _tracker_writer(tracker):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -270,3 +271,49 @@ def test_run_planner_reports_a_policy_that_cannot_load_and_auto_falls_back(tmp_p
     auto = run_planner("auto", cluster, workload)
     heuristic = run_planner("heuristic", cluster, workload)
     assert auto.feasible and auto.plan == heuristic.plan
+
+
+def test_a_policy_with_nan_weights_is_damaged_and_auto_falls_back(tmp_path, monkeypatch, capsys):
+    # bytes overwritten inside the zip still loaded: every rollout then died in torch.multinomial
+    # with a traceback, `auto` with the shipped file too
+    import torch
+
+    from spantrain.policies import ppo as ppo_module
+    from spantrain.policies.compare import run_planner
+    from spantrain.profiler.topology import generate
+
+    blob = torch.load(ppo_module.SHIPPED_POLICY, map_location="cpu", weights_only=True)
+    name = next(k for k, v in blob["state_dict"].items() if v.is_floating_point())
+    blob["state_dict"][name].view(-1)[0] = float("nan")
+    damaged = tmp_path / "damaged.pt"
+    torch.save(blob, damaged)
+    cluster, workload = generate(4, 0, "cee"), Workload.from_preset("gpt2-small")
+    ppo = run_planner("ppo", cluster, workload, policy=str(damaged))
+    assert not ppo.feasible and ppo.reason.endswith(
+        f"--policy {damaged} is damaged (its weights hold NaN or infinite values): pass a policy file written by "
+        "`spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a checkpoint)"), ppo.reason
+    monkeypatch.setattr(ppo_module, "SHIPPED_POLICY", damaged)
+    auto = run_planner("auto", cluster, workload)
+    assert auto.feasible and auto.plan == run_planner("heuristic", cluster, workload).plan
+    assert "is damaged (its weights hold NaN" in capsys.readouterr().err
+
+
+def test_a_policy_whose_outputs_overflow_is_a_one_line_error(monkeypatch):
+    from spantrain.errors import PolicyError
+    from spantrain.policies import ppo as ppo_module
+    from spantrain.policies.compare import run_planner
+    from spantrain.profiler.topology import generate
+
+    real = ppo_module.load_policy
+
+    def overflowing(*args, **kwargs):
+        net, env, meta = real(*args, **kwargs)
+        forward = net.forward
+        net.forward = lambda batch: (forward(batch)[0] * math.inf, None)
+        return net, env, meta
+
+    monkeypatch.setattr(ppo_module, "load_policy", overflowing)
+    cluster, workload = generate(4, 0, "cee"), Workload.from_preset("gpt2-small")
+    with pytest.raises(PolicyError, match="the policy's outputs are not finite numbers on this cluster"):
+        ppo_module.PPOPlanner().plan(cluster, workload)
+    assert run_planner("auto", cluster, workload).feasible  # the shipped policy's failure: the heuristic plan

@@ -124,10 +124,14 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     run_dir = next((tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*"))
     assert summary["wandb"] == str(run_dir) and f"train-policy: W&B run {run_dir}\n" in capsys.readouterr().err
     # PPO's diagnostics of its one update (2 envs x 48 steps) reach W&B; SB3 made no log directory
-    for key in ("ppo/approx_kl", "ppo/value_loss", "ppo/policy_gradient_loss", "ppo/entropy_loss", "ppo/fps"):
-        assert logged.get(key) == [96], f"{key} logged at steps {logged.get(key)}"
-    # not the step itself, SB3's per-call counter (it restarted at 1 in a resumed part), nor constants
-    assert not {"ppo/total_timesteps", "ppo/iterations", "ppo/learning_rate", "ppo/clip_range"} & set(logged)
+    # the rollout's figures at its step; the last update's losses one step on (SB3 dumps an update's
+    # losses with the next rollout's figures: at the last rollout's step they overwrote the update before)
+    assert logged.get("ppo/fps") == [96]
+    for key in ("ppo/approx_kl", "ppo/value_loss", "ppo/policy_gradient_loss", "ppo/entropy_loss"):
+        assert logged.get(key) == [97], f"{key} logged at steps {logged.get(key)}"
+    # not the step itself or counters of it (SB3's restart in a resumed part), nor constants
+    assert not {"ppo/total_timesteps", "ppo/iterations", "ppo/n_updates", "ppo/time_elapsed", "ppo/learning_rate",
+                "ppo/clip_range"} & set(logged)
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("SB3-")]
     _, env, meta = load_policy(summary["policy"])
     assert env["max_steps"] == 12 and meta["timesteps"] == 96
