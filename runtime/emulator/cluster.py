@@ -230,6 +230,9 @@ class EmulatedCluster:
             "TP_SOCKET_IFNAME": netns.IFNAME if netns_mode else "lo",
         })
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # devices share this machine's cores: OpenMP threads spinning while they wait made a
+        # 4-device run 35x slower with 2 threads a device on 2 cores (`runtime.launcher._WORKER_ENV`)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if self.cpu_limited:
             # More threads than the quota's cores only makes them throttle each other, and more than
             # the machine's cores (a quota above them, --emulate-cpus 200) oversubscribes it: 6x slower
