@@ -345,7 +345,7 @@ def links_message(event: dict[str, Any], adapting: bool = False) -> str:
     if adapting:
         return head + f"; the cluster as measured is in {event['cluster']}, and this run re-plans on it"
     # without checkpoints there is nothing to --resume: the new plan starts over
-    then = "spantrain run --resume" if event.get("checkpoints", True) else "run the new plan (this run keeps no " \
-        "checkpoints: add --checkpoint-dir to continue it on another plan)"
+    then = "spantrain run --resume --plan NEW.json" if event.get("checkpoints", True) else "run NEW.json (this " \
+        "run keeps no checkpoints: add --checkpoint-dir to continue it on another plan)"
     return head + (f"; the cluster as measured is in {event['cluster']}: re-plan on it with spantrain plan --cluster "
-                   f"{event['cluster']} --from PLAN, then {then}")
+                   f"{event['cluster']} --from {event.get('plan') or 'PLAN'} -o NEW.json, then {then}")

@@ -64,8 +64,12 @@ from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
 from spantrain.runtime.transport import Transport, visible_gpus
 
-__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job",
+__all__ = ["PLAN_FILE", "StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job",
            "torchrun_job"]
+
+PLAN_FILE = "plan.json"
+"""In the run directory: the plan the run trains on now (rank 0 writes it as each plan starts)."""
+
 
 class StopFlag:
     """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit.
@@ -244,6 +248,9 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                  # TFLOP/s are peaks, and the built-in constants a GPU executor's (2-4x off)
                                  prediction_holds=cfg.prediction_comparable and cfg.calibration is not None
                                  and profiled(cluster, workload, plan))
+            # the plan as it runs, for `plan --from` and to resume on: a run given --planner, or
+            # switched by --adapt, had it nowhere else (a resume on the old plan file went back to it)
+            plan.save(Path(cfg.run_dir) / PLAN_FILE)
             if tracker.note and local:  # rank 0's stderr is its log file: the launcher tells the user
                 metrics.event("note", text=tracker.note)
             gpus = visible_gpus() if local and transport.backend == "gloo" else 0
@@ -413,7 +420,7 @@ def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layo
         write_text_atomic(path, json.dumps(measured_cluster(cluster, figures).to_spec(), indent=1) + "\n")
     event = {"step": step, "reason": reason, "measure_s": round(time.perf_counter() - t0, 3),
              "links": [f.to_dict() for f in figures], "cluster": str(path) if path else None,
-             "checkpoints": checkpoints}
+             "checkpoints": checkpoints, "plan": str(run_dir / PLAN_FILE)}
     metrics.event("links", **event)
     if metrics.announce is not None:  # torchrun: no launcher reads the log
         metrics.announce(links_message(event))

@@ -108,11 +108,15 @@ def test_the_note_says_what_changed_and_what_to_do():
     text = links_message(event)
     assert text.startswith("measured the plan's 1 link(s) after iteration 7 (iterations drifted) in 2.5 s: "
                            "a-0 <-> b-0 0.5 Mbit/s, 20.4 ms (spec 50 Mbit/s, 20 ms; changed)")
-    assert "spantrain plan --cluster run/cluster-measured.json --from PLAN" in text
+    assert "spantrain plan --cluster run/cluster-measured.json --from PLAN -o NEW.json" in text
+    # the plan file the run writes: a run given --planner had none to name
+    assert links_message({**event, "plan": "run/plan.json"}).endswith(
+        "re-plan on it with spantrain plan --cluster run/cluster-measured.json --from run/plan.json -o NEW.json, "
+        "then spantrain run --resume --plan NEW.json")
     assert links_message(event, adapting=True).endswith("and this run re-plans on it")
     # a run without checkpoints has nothing to --resume
     assert links_message({**event, "checkpoints": False}).endswith(
-        "then run the new plan (this run keeps no checkpoints: add --checkpoint-dir to continue it on another plan)")
+        "then run NEW.json (this run keeps no checkpoints: add --checkpoint-dir to continue it on another plan)")
     assert links_message({**event, "cluster": None}).endswith(": all within 2x of the spec")
 
 

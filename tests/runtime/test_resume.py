@@ -23,6 +23,9 @@ def test_resume_onto_another_plan_continues_the_loss_sequence(tmp_path):
     full = run_plan(tmp_path, "full", plan("zb-h1", "allreduce", ASYMMETRIC), 4, eps=1e-8)
     first = run_plan(tmp_path, "first", plan("zb-h1", "allreduce", ASYMMETRIC), 2, eps=1e-8)
     assert first["checkpoint"].endswith("step-00000002")
+    # the run directory holds the plan as it ran (for plan --from, and to resume on)
+    written = json.loads((tmp_path / "first" / "plan.json").read_text())
+    assert {k: written[k] for k in ("schedule", "sync", "pipelines")} == plan("zb-h1", "allreduce", ASYMMETRIC)
 
     cluster, model = write_inputs(tmp_path)
     (tmp_path / "other.json").write_text(json.dumps(OTHER))

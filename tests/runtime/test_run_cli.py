@@ -12,7 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import BATCH, EXACT_EPS, LR, default_stop_signals, plan, spantrain_here, workload, write_inputs
+from runtime_helpers import (
+    ASYMMETRIC,
+    BATCH,
+    EXACT_EPS,
+    LR,
+    default_stop_signals,
+    plan,
+    spantrain_here,
+    workload,
+    write_inputs,
+)
 
 from spantrain.runtime.checkpoint import read_tensors
 from spantrain.runtime.config import OptimConfig
@@ -289,6 +299,24 @@ def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
     start = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert start["devices"] == {"0": "a-1", "1": "a-0"}
     _check_exact(result, tmp_path)
+
+
+def test_resuming_on_another_plan_than_the_run_last_trained_on_says_so(tmp_path):
+    # after --adapt switched plans, the command's own --plan is the abandoned one: a resume went
+    # back to a 17x slower plan without a word
+    from spantrain.cli.run import _other_plan_note
+    from spantrain.plan import Plan
+
+    running, other = Plan.from_dict(plan("1f1b", "allreduce", ASYMMETRIC)), Plan.from_dict(plan("gpipe", "allreduce",
+                                                                                               ASYMMETRIC))
+    assert _other_plan_note(tmp_path, other) is None  # no plan written yet
+    running.save(tmp_path / "plan.json")
+    assert _other_plan_note(tmp_path, running) is None
+    assert _other_plan_note(tmp_path, other) == (
+        f"resuming on another plan than this run last trained on ({tmp_path / 'plan.json'}, e.g. the plan --adapt "
+        f"switched to): pass --plan {tmp_path / 'plan.json'} to continue on that one")
+    (tmp_path / "plan.json").write_text("{")  # damaged: no note, no error
+    assert _other_plan_note(tmp_path, other) is None
 
 
 def test_resuming_on_other_data_says_so():
