@@ -28,6 +28,7 @@ that is already `DRIFT_FACTOR` times the cost model's prediction (``"reference":
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -147,6 +148,15 @@ def read_step_records(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _ends_cut(path: Path) -> bool:
+    """Whether the file's last line has no newline (a writer stopped half-way through it)."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 class MetricsLog:
     """Appends step records to a JSON-lines file and mirrors scalars to a `Tracker`."""
 
@@ -156,6 +166,8 @@ class MetricsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")  # noqa: SIM115 -- appended to for the whole run, closed by close()
+        if _ends_cut(self.path):  # a full disk or a kill cut the last line: this run's first one stays whole
+            self._file.write("\n")
         self.tracker = tracker
         self.records: list[dict[str, Any]] = []
         self.drift = DriftWatch(expected=predicted_step_s if prediction_holds else None)

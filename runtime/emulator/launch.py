@@ -145,7 +145,8 @@ class DeviceProcess:
         for p in self._pumps:
             p.join(timeout=5)
         if self._log:
-            self._log.close()
+            with contextlib.suppress(OSError):  # a full disk: the pumps already stopped writing it
+                self._log.close()
         return DeviceResult(device_id=self.device_id, rank=self.rank, returncode=code,
                             stdout="".join(self._pumps[0].lines), stderr="".join(self._pumps[1].lines),
                             seconds=(self.ended or time.monotonic()) - self.started, stopped=self.stopped)

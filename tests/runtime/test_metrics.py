@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spantrain.runtime.launcher import _Progress
-from spantrain.runtime.metrics import DRIFT_FACTOR, DriftWatch, MetricsLog, summarize
+from spantrain.runtime.metrics import DRIFT_FACTOR, DriftWatch, MetricsLog, read_step_records, summarize
 
 
 def _record(step: int, step_s: float) -> dict:
@@ -146,3 +146,19 @@ def test_every_iteration_sends_the_prediction_to_wandb_beside_the_measured_time(
         assert all(m["step_s"] == 0.3 and m.get("predicted_step_s") == predicted for _, m in tracker.logged)
         # no line at all when nothing was predicted, not a line at zero
         assert all(("predicted_step_s" in m) == (predicted is not None) for _, m in tracker.logged)
+
+
+def test_a_run_after_a_cut_line_starts_on_a_line_of_its_own(tmp_path):
+    # a full disk cut iteration 9's line: the resumed run's start event went onto its end, and
+    # with it the rule that the lines after the last start event count
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 8, "loss": 1.0, "step_s": 0.1}) + '\n{"step": 9, "lo')
+    log = MetricsLog(path)
+    log.event("start", step=8)
+    log.step({"step": 9, "loss": 0.9, "step_s": 0.1, "samples_per_s": 10.0})
+    log.close()
+    lines = path.read_text().splitlines()
+    assert lines[1] == '{"step": 9, "lo' and json.loads(lines[2]) == {"event": "start", "step": 8}
+    assert [r["step"] for r in read_step_records(path)] == [8, 9]
+    MetricsLog(tmp_path / "new.jsonl").close()  # a new file gets no empty first line
+    assert (tmp_path / "new.jsonl").read_text() == ""
