@@ -3,10 +3,10 @@
 Each device's command runs as ``ip netns exec <ns> COMMAND`` (or plain COMMAND in the
 fallback) in a session of its own, so the emulator can signal the whole process group.
 The child joins its cgroup between fork and exec, so the command and everything it
-forks start inside the CPU quota. Output is relayed line by line with a ``[device-id]``
-prefix (stdout to stdout, stderr to stderr), optionally copied to per-device log files,
-and the tail is kept for the caller. Like torchrun, the first device that fails brings
-the others down.
+forks start inside the CPU quota, and asks for SIGTERM when the emulator dies. Output is
+relayed line by line with a ``[device-id]`` prefix (stdout to stdout, stderr to stderr),
+optionally copied to per-device log files, and the tail is kept for the caller. Like
+torchrun, the first device that fails brings the others down.
 """
 
 from __future__ import annotations
@@ -87,19 +87,40 @@ class _Pump(threading.Thread):
         self.pipe.close()
 
 
-def _joiner(cgroup_procs: str | None):
-    """preexec_fn: write the child's pid into its cgroup (raw os calls: safe after fork)."""
-    if cgroup_procs is None:
+def _child_setup(cgroup_procs: str | None):
+    """preexec_fn: join the device's cgroup, and ask the kernel for SIGTERM should the emulator
+    die (``kill -9``): its devices ran on, ranks training into a checkpoint directory the
+    user's next run resumed from, until the next start swept them up. Raw os calls and a
+    libc function looked up before the fork: safe after it."""
+    prctl = _prctl() if threading.current_thread() is threading.main_thread() else None  # the death of
+    parent = os.getpid()  # the forking thread is what the kernel watches: only the main thread lives on
+
+    def setup() -> None:
+        if cgroup_procs is not None:
+            fd = os.open(cgroup_procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # it died before the request: the signal will not come
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl():
+    """libc's prctl, or None where there is none (not Linux)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
         return None
-
-    def join() -> None:
-        fd = os.open(cgroup_procs, os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
-
-    return join
 
 
 class DeviceProcess:
@@ -116,7 +137,7 @@ class DeviceProcess:
         try:
             self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, start_new_session=True,
-                                          preexec_fn=_joiner(str(cgroup / "cgroup.procs") if cgroup else None))
+                                          preexec_fn=_child_setup(str(cgroup / "cgroup.procs") if cgroup else None))
         except OSError as e:
             if self._log:
                 self._log.close()

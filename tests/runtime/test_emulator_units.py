@@ -459,3 +459,58 @@ def test_how_a_device_ended_is_said_in_words_for_any_signal():
     assert describe_exit(3) == "exited with code 3" and describe_exit(None) == "is still running"
     assert describe_exit(-9) == "was killed by SIGKILL"
     assert describe_exit(-40) == "was killed by signal 40"  # a real-time signal: `emulate` raised ValueError
+
+
+def test_devices_stop_when_the_emulator_is_killed(tmp_path):
+    # kill -9 on `spantrain emulate` left its devices running (ranks trained on into the checkpoint
+    # directory) until the next start swept them up
+    import subprocess
+
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))
+    env = {**os.environ, "SPANTRAIN_EMULATOR_DIR": str(tmp_path / "state")}
+    launcher = subprocess.Popen([sys.executable, "-m", "spantrain", "emulate", "-c", str(spec), "--mode", "local",
+                                 "--no-cpu-limits", "--quiet", "--", "sleep", "120"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        devices: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(devices) < len(Cluster.from_spec(SPEC)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            devices = [pid for pid in _children(launcher.pid) if _command(pid).startswith("sleep")]
+        assert devices, "the devices did not start"
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in devices) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in devices)
+    finally:
+        launcher.kill()
+        for pid in devices:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a reaped-later child of init counts as gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
