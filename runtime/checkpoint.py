@@ -190,6 +190,7 @@ class Checkpointer:
             dcp.save({k: v.detach() if hasattr(v, "detach") else v for k, v in tensors.items()},
                      storage_writer=dcp.FileSystemWriter(str(tmp)))
         except (Exception, CheckpointException) as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # a part-written one is only in the way (of the space, too)
             reason = _full_disk(tensors, self.root) or _dcp_reason(e)
             raise ExecutionError(f"cannot write checkpoint {tmp}: {reason}") from e
         self.barrier()  # every rank's shard is on disk
@@ -242,8 +243,10 @@ def _full_disk(tensors: dict[str, Any], root: Path) -> str | None:
         return None
     if free >= need:
         return None
+    older = sorted(p.name for p in root.glob("step-*") if p.is_dir())[:-1]
+    hint = f" (older checkpoints here: {', '.join(older)}; --resume needs only the newest)" if older else ""
     return (f"no space left on the device ({free / 2**20:.1f} MB free, this rank's part alone is "
-            f"{need / 2**20:.1f} MB): free some space, or pass a --checkpoint-dir on another disk")
+            f"{need / 2**20:.1f} MB): free some space{hint}, or pass a --checkpoint-dir on another disk")
 
 
 def _dcp_reason(e: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,7 +56,9 @@ def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_g
 
     import torch.distributed.checkpoint as dcp
 
-    def full(*args, **kwargs):  # what torch raised on a 2 MB tmpfs
+    def full(state, storage_writer):  # what torch raised on a 2 MB tmpfs, with part of a shard written
+        Path(storage_writer.path).mkdir(parents=True)
+        (Path(storage_writer.path) / "__0_0.distcp").write_bytes(b"part")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(dcp, "save", full)
@@ -64,6 +67,12 @@ def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_g
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**21, 2**21, 0))
     with pytest.raises(ExecutionError, match=r"no space left on the device \(0\.0 MB free, this rank's part alone is "
                                              r"0\.0 MB\): free some space, or pass a --checkpoint-dir on another disk"):
+        _save(ck, 3, 1.0)
+    assert not list(tmp_path.glob(".tmp-*"))  # the part written is gone: it only took space
+    (tmp_path / "step-00000001").mkdir()  # older checkpoints: what can go
+    (tmp_path / "step-00000002").mkdir()
+    with pytest.raises(ExecutionError, match=r"free some space \(older checkpoints here: step-00000001; --resume "
+                                             r"needs only the newest\), or pass"):
         _save(ck, 3, 1.0)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**30, 0, 2**30))  # room: another failure
     with pytest.raises(ExecutionError, match="unexpected pos 704 vs 598"):
