@@ -232,9 +232,11 @@ def _train(policy, data: _Samples, epochs: int, batch_size: int, rng: np.random.
 
 
 def clone(policy, env: PlanEnv, *, episodes: int, rounds: int, epochs: int, batch_size: int = 64,
-          lr: float = 1e-3, gamma: float = 0.95, seed: int = 0, progress: bool = False) -> list[ImitationStats]:
+          lr: float = 1e-3, gamma: float = 0.95, seed: int = 0, progress: bool = False,
+          stats: list[ImitationStats] | None = None) -> list[ImitationStats]:
     """DAgger on `policy` (an sb3-contrib maskable actor-critic policy): `rounds` rounds of
-    `episodes` episodes each (module docstring). Returns the statistics of every round."""
+    `episodes` episodes each (module docstring). Returns the statistics of every round,
+    appended to `stats` as each round ends (what an interrupted caller has learned)."""
     import torch
     from tqdm import tqdm
 
@@ -248,7 +250,7 @@ def clone(policy, env: PlanEnv, *, episodes: int, rounds: int, epochs: int, batc
             return int(torch.multinomial(probs, 1, generator=gen))
 
     data: _Samples | None = None
-    stats = []
+    stats = [] if stats is None else stats
     # closed on Ctrl-C too: a message after it then starts on a line of its own
     with tqdm(total=episodes * rounds, desc="imitation", unit="episode", disable=not progress) as bar:
         for r in range(rounds):

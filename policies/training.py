@@ -41,10 +41,11 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training, after the weights so far were saved to `path` (the message
     says where and how to continue; `report` says it as data, for `train-policy --json`)."""
 
-    def __init__(self, message: str, path: Path, report: dict | None = None):
+    def __init__(self, message: str, path: Path | None, report: dict | None = None):
         super().__init__(message)
         self.path = path
-        self.report = {"interrupted": True, "policy": str(path), "message": message, **(report or {})}
+        self.report = {"interrupted": True, "policy": str(path) if path else None, "message": message,
+                       **(report or {})}
 
 
 FINAL_EVAL_COLUMNS = ("profile", "devices", "seed", "model", "batch_scale", "kind", "start_s", "ppo_s", "ratio",
@@ -385,15 +386,17 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                 self.bar.close()
 
     phase = "imitation"
+    rounds_done: list = []  # imitation's statistics, round by round
     try:
         if config.imitation_episodes and init is None and resumed is None:
             from spantrain.policies.imitation import clone
 
             expert_env = PlanEnv(env_cfg, start=starts)
             expert_env.reset(seed=config.seed + 7)
-            imitation = [asdict(s) for s in clone(model.policy, expert_env, episodes=config.imitation_episodes,
-                                                   rounds=config.imitation_rounds, epochs=config.imitation_epochs,
-                                                   gamma=config.gamma, seed=config.seed, progress=config.progress)]
+            clone(model.policy, expert_env, episodes=config.imitation_episodes, rounds=config.imitation_rounds,
+                  epochs=config.imitation_epochs, gamma=config.gamma, seed=config.seed, progress=config.progress,
+                  stats=rounds_done)
+            imitation = [asdict(s) for s in rounds_done]
             tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
         phase = "ppo"
         # the starting policy (imitation's, or --init-policy's) is evaluated as step 0, also by a
@@ -458,6 +461,17 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         # keep what was learned: the weights as they are, with how far the run got
         steps = model.num_timesteps
         resumable = phase != "imitation"
+        if phase == "imitation":
+            imitation = [asdict(s) for s in rounds_done]
+            if not rounds_done:  # the weights are the random ones: a policy PPO learns to stop from at once
+                tracker.summary({"interrupted": phase, "interrupted_steps": 0})
+                tracker.finish()
+                raise TrainingInterrupted(
+                    f"{_by(stop)}during imitation round 1 of {config.imitation_rounds}, before it learned anything: "
+                    f"nothing to keep; the same command starts again (the heuristic starts stay cached in "
+                    f"{starts.cache_dir})", None, {"phase": phase, "steps": 0, "resumable": False,
+                                                   "out_dir": str(out)}) from None
+            tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
         if resumable and not updating["now"]:  # else the state saved at the rollout's start stands
             save_state()
         path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,

@@ -7,6 +7,9 @@ import sys
 
 from spantrain.cli._common import add_json_arg, print_json
 
+PREVIOUS_POLICY = "ppo-policy.prev.pt"
+"""Beside the shipped policy: the one the last --ship replaced."""
+
 
 def register(p: argparse.ArgumentParser) -> None:
     from spantrain.cli._dataclass_args import add_dataclass_args
@@ -15,7 +18,8 @@ def register(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, TrainConfig, skip={"extra"})
     p.add_argument("--ship", action="store_true",
                    help="also copy the best policy (best-policy.pt: the best held-out evaluation) into the "
-                        "package, what `ppo`/`auto` load by default")
+                        "package, what `ppo`/`auto` load by default (the one it replaces is kept as "
+                        f"{PREVIOUS_POLICY})")
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -40,12 +44,21 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary = train(config)
         except KeyboardInterrupt as stop:
+            if args.ship and str(stop):  # --ship is not saved with the run: its --resume would not ship
+                stop.args = (f"{stop}; nothing was shipped: add --ship to the command that continues it",)
+                if getattr(stop, "report", None):
+                    stop.report["message"] = str(stop)
             if args.json:  # stdout still holds one JSON object: what was kept and how to go on
                 print_json(getattr(stop, "report", None) or {"interrupted": True, "policy": None, "message": str(stop)})
             raise
         finally:
             stop_signals.restore(signals)
     if args.ship:
+        # the policy it replaces is kept (in a pip install, nothing else has it)
+        if SHIPPED_POLICY.exists():
+            previous = SHIPPED_POLICY.with_name(PREVIOUS_POLICY)
+            shutil.copyfile(SHIPPED_POLICY, previous)
+            summary["shipped_previous"] = str(previous)
         # whole or not at all: `ppo` and `auto` load this file
         tmp = SHIPPED_POLICY.with_suffix(".pt.tmp")
         shutil.copyfile(summary["best"]["policy"], tmp)
@@ -63,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
           f"{final['better_1pct']:.0%} of {final['cases']} cases (one row each in {summary['final_rows']})", file=out)
     best = summary["best"]
     print(f"best held-out evaluation at step {best['steps']} (geomean {best['geomean_ratio']:.4f}): "
-          f"{best['policy']}{' (shipped)' if args.ship else ''}", file=out)
+          f"{best['policy']}", file=out)
+    if args.ship:
+        kept = f"; the policy it replaced is kept as {summary['shipped_previous']}" if "shipped_previous" in summary \
+            else ""
+        print(f"shipped it to {summary['shipped']}, which `ppo` and `auto` load{kept}", file=out)
     if summary["wandb"]:
         print(f"W&B run: {summary['wandb']}", file=out)
     if args.json:

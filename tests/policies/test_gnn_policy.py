@@ -329,8 +329,9 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     code, out, err = train("run")
     assert code == 0, err
     lines = out.strip().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("trained in ") and lines[1].startswith("held-out "), out
-    assert lines[2].startswith("best held-out evaluation at step 0") and lines[2].endswith("(shipped)"), out
+    assert len(lines) == 4 and lines[0].startswith("trained in ") and lines[1].startswith("held-out "), out
+    assert lines[2].startswith("best held-out evaluation at step 0"), out
+    assert lines[3] == f"shipped it to {shipped}, which `ppo` and `auto` load", out  # there was none before
     assert "trained in" not in err and "held-out" not in err, err
     # untracked, the final evaluation's cases are still kept: one row each, named in the summary
     rows = tmp_path / "run" / "final_eval.csv"
@@ -344,8 +345,13 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     assert code == 0, err
     summary = json.loads(out)  # exactly one JSON object, nothing else on stdout
     assert out.count("\n") == 1 and summary["shipped"] == str(shipped)
-    human = [x for x in err.splitlines() if x.startswith(("trained in ", "held-out ", "best held-out "))]
-    assert len(human) == 3 and human[2].endswith("(shipped)"), err
+    # the policy it replaced is kept beside it: in a pip install nothing else had it
+    previous = shipped.with_name("ppo-policy.prev.pt")
+    assert summary["shipped_previous"] == str(previous)
+    assert previous.read_bytes() == (tmp_path / "run" / "best-policy.pt").read_bytes()
+    human = [x for x in err.splitlines() if x.startswith(("trained in ", "held-out ", "best held-out ", "shipped "))]
+    assert len(human) == 4 and human[3] == (f"shipped it to {shipped}, which `ppo` and `auto` load; the policy it "
+                                            f"replaced is kept as {previous}"), err
 
 
 @pytest.mark.slow
@@ -414,9 +420,13 @@ def test_ctrl_c_after_training_says_the_policies_are_saved(run_cli, tmp_path, mo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["starts", "imitation", "ppo"])
+@pytest.mark.parametrize("phase", ["starts", "imitation", "ppo", "ppo --ship"])
 def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatch, phase):
-    from spantrain.policies import starts
+    from spantrain.policies import ppo, starts
+
+    ship = phase.endswith("--ship")
+    phase = phase.split()[0]
+    monkeypatch.setattr(ppo, "SHIPPED_POLICY", tmp_path / "assets" / "ppo-policy.pt")  # never the package's
 
     def ctrl_c_on_call(owner, name, n):
         real, calls = getattr(owner, name), []
@@ -438,9 +448,14 @@ def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatc
                              "gpt2-medium", "--pool-size", "2", "--eval-scenarios", "1", "--hidden", "16", "--layers",
                              "1", "--imitation-episodes", "0" if phase == "ppo" else "2", "--imitation-rounds", "1",
                              "--no-track", "--workers", "1", "--out-dir", tmp_path / "run", "--cache-dir",
-                             tmp_path / "cache")
+                             tmp_path / "cache", *(["--ship"] if ship else []))
     assert code == 130 and out == ""
     # the bar is closed first (its last state, then a newline), not left for the message to run onto
     bar = {"starts": "heuristic starts:", "imitation": "imitation:", "ppo": "train-policy:"}[phase]
     lines = [line for line in err.split("\n") if line]
     assert lines[-1].startswith("spantrain train-policy: interrupted") and bar in lines[-2], err
+    if ship:  # --ship is not saved with the run: the --resume the line suggests would not ship
+        assert lines[-1].endswith("; nothing was shipped: add --ship to the command that continues it"), err
+    if phase == "imitation":  # within its first round: the weights are the random ones, no policy to start from
+        assert "before it learned anything: nothing to keep; the same command starts again" in lines[-1], err
+        assert not (tmp_path / "run" / "interrupted-policy.pt").exists()
