@@ -144,15 +144,14 @@ def run(args: argparse.Namespace) -> int:
     check_policy(args.policy)  # options passed the check: a planner that takes it
     t0 = time.perf_counter()
     adaptation = None
-    load_s = 0.0
+    planner = get_planner(args.planner, **options)
+    prepare(planner)  # loading the policy (and torch) is not planning: timed apart (--from's too)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if args.running:
         adaptation = _adapt(args, cluster, workload, options, calibration)
         plan = adaptation.plan
     else:
-        planner = get_planner(args.planner, **options)
-        prepare(planner)  # loading the policy (and torch) is not planning: timed apart
-        load_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
         plan = plan_with(planner, cluster, workload, calibration)
     plan_s = time.perf_counter() - t0
     model = CostModel(cluster, workload, calibration, memo=False)

@@ -116,6 +116,7 @@ def test_plan_from_cli(run_cli, tmp_path, running):
     assert code == 0, err
     obj = json.loads(out)
     assert obj["adaptation"]["switch"] is True and obj["adaptation"]["remaining_steps"] == 5000
+    assert obj["load_s"] > 0  # loading the policy is timed apart from planning, as plain plan does (was 0.0)
     assert {o["name"] for o in obj["adaptation"]["options"]} == {"keep", "ppo", "heuristic"}
     assert Plan.from_file(out_file).to_dict()["pipelines"] == obj["plan"]["pipelines"]
     code, out, err = run_cli("plan", "-c", spec, "-m", "gpt2-medium", "--from", plan_file, "--remaining-steps", "10")
