@@ -270,6 +270,18 @@ def summarize(rows: list[dict], adapt: list[dict]) -> dict:
     return out
 
 
+def summary_tables(summary: dict) -> dict[str, tuple[list[str], list[list]]]:
+    """The README's tables as W&B tables, by key: (columns, rows). A nested summary shows in
+    W&B as one opaque value."""
+    figures = ["median_ratio", "geomean_ratio", "better_1pct", "worse", "median_plan_s", "max_plan_s"]
+    out = {"planners": (["cases", "planner", *figures],
+                        [[label, planner, *(entry[planner][f] for f in figures)]
+                         for label, entry in summary["planning"].items() for planner in PLANNERS if planner in entry])}
+    if summary["adaptation"]:
+        out["adaptation"] = (["figure", "value"], [[k, float(v)] for k, v in summary["adaptation"].items()])
+    return out
+
+
 def _fmt(x: float) -> str:
     return "none feasible" if math.isnan(x) else f"{x:.3f}"
 
@@ -448,8 +460,12 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{stem}.json").write_text(json.dumps({"summary": summary, "cases": rows, "adaptation": adapt},
                                                  indent=1, default=float))
     images = plots(rows, {"curve": curve}, out, suffix)
-    with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track) as tracker:
+    name = f"eval_policy: {Path(args.policy).name if args.policy else 'shipped policy'}" + (" (quick)" if args.quick
+                                                                                               else "")
+    with Tracker(job_type="eval-policy", config=vars(args), enabled=not args.no_track, name=name) as tracker:
         tracker.summary({"summary": json.loads(json.dumps(summary, default=float))})
+        for key, (columns, table_rows) in summary_tables(summary).items():
+            tracker.log_table(key, columns, table_rows)
         cols = ["profile", "devices", "seed", "model", "heuristic_s", "ppo_s", "auto_s", "ga_s", "ppo_plan_s"]
         tracker.log_table("cases", cols, [[r["profile"], r["devices"], r["seed"], r["model"],
                                            r["heuristic"]["iteration_s"], r["ppo"]["iteration_s"],
