@@ -46,13 +46,13 @@ from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 from typing import Any
 
-from spantrain.errors import ExecutionError
+from spantrain.errors import ExecutionError, RunFailed
 from spantrain.runtime import stop_signals
 from spantrain.runtime.adapter import Adapter, ClusterFile, StopTimedOut
 from spantrain.runtime.checkpoint import latest_checkpoint
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.emulator.launch import describe_exit
-from spantrain.runtime.entry import error_file, local_entry
+from spantrain.runtime.entry import EXIT_REFUSED, error_file, local_entry
 from spantrain.runtime.linkprobe import links_message
 from spantrain.runtime.metrics import drift_message
 
@@ -401,15 +401,15 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
     ckpt = (f"last checkpoint: {latest} (continue with --resume)" if latest is not None
             else "no checkpoint was written")
     if rank is None:
-        return ExecutionError(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; "
-                              f"logs in {run_dir / 'logs'}")
+        return RunFailed(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; logs in {run_dir / 'logs'}")
     err_path = error_file(run_dir, rank)
     detail = err_path.read_text().strip() if err_path.exists() else ""
     if detail.startswith(("cannot load checkpoint", "checkpoint file ")):  # says what to do instead of resuming it
         ckpt = "no checkpoint was written"
-    return ExecutionError(f"worker rank {rank} (device {devices[rank]}) {how} {where}"
-                          f"{': ' + detail if detail else ''}; stopped the other {world - 1} worker(s); {ckpt}; "
-                          f"logs in {run_dir / 'logs'}")
+    # a worker that refused (its input: a damaged checkpoint, ...) exits EXIT_REFUSED; else the run failed
+    error = ExecutionError if how == describe_exit(EXIT_REFUSED) else RunFailed
+    return error(f"worker rank {rank} (device {devices[rank]}) {how} {where}{': ' + detail if detail else ''}; "
+                 f"stopped the other {world - 1} worker(s); {ckpt}; logs in {run_dir / 'logs'}")
 
 
 def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:

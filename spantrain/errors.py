@@ -1,7 +1,9 @@
 """One error hierarchy for everything a user can get wrong or the system can refuse.
 
-The CLI turns any `SpantrainError` into a one-line message on stderr and exit code 2;
-anything else is a bug and keeps its traceback.
+The CLI turns any `SpantrainError` into a one-line message on stderr and its `exit_code`:
+2 for bad input or a refusal, 1 for a run that failed on its own (`RunFailed`: a worker
+died, hung or lost contact), so a script can retry the one and not the other. Anything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ __all__ = [
     "InfeasibleError",
     "PlannerError",
     "ExecutionError",
+    "RunFailed",
     "EmulationError",
     "PolicyError",
     "join_problems",
@@ -32,6 +35,9 @@ def join_problems(problems: list[str]) -> str:
 
 class SpantrainError(Exception):
     """Root of every error spantrain raises on purpose."""
+
+    exit_code = 2
+    """The command's exit code for it: bad input or a refusal."""
 
 
 class SpecError(SpantrainError):
@@ -60,6 +66,12 @@ class PlannerError(SpantrainError):
 
 class ExecutionError(SpantrainError):
     """A training run failed (dead worker, timeout, bad checkpoint)."""
+
+
+class RunFailed(ExecutionError):
+    """A run failed on its own, not on its input: a worker died, hung or lost contact."""
+
+    exit_code = 1
 
 
 class EmulationError(SpantrainError):

@@ -1,7 +1,7 @@
 """The `spantrain` command line: one module per command, heavy imports inside the commands.
 
-Every `SpantrainError` (a user's mistake or a refusal) becomes one line on stderr and
-exit code 2; anything else is a bug and keeps its traceback.
+Every `SpantrainError` becomes one line on stderr and its exit code (2: a user's mistake or
+a refusal; 1: a run that failed on its own); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SpantrainError as e:
         _say(f"spantrain {args.command}: error: {e}")
-        return 2
+        return e.exit_code
     except KeyboardInterrupt as e:  # a command may say what it saved (`TrainingInterrupted`)
         if not os.environ.get(QUIET_INTERRUPT_ENV):
             _say(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""))

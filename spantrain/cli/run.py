@@ -34,7 +34,7 @@ from spantrain.cli._common import (
     load_plan,
     print_json,
 )
-from spantrain.errors import ExecutionError, SpantrainError
+from spantrain.errors import ExecutionError, RunFailed, SpantrainError
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note", "other_optim_note"]
 
@@ -618,7 +618,7 @@ def _run_torchrun(cfg) -> dict[str, Any] | None:
 
         with open(log, "a") as f:
             f.write(traceback.format_exc())
-        raise ExecutionError(_failure_line(cfg, rank, e, log)) from e
+        raise RunFailed(_failure_line(cfg, rank, e, log)) from e
 
 
 _PEER_LOST = ("connection reset", "connection closed", "connection refused", "broken pipe", "timed out",

@@ -204,6 +204,7 @@ def test_a_rank_that_lost_its_peer_says_so_with_the_checkpoint_to_resume_from(mo
     log = tmp_path / "first" / "logs" / "rank1.log"
     # was "rank 1: RuntimeError: [../third_party/gloo/...] Connection closed by peer ..." and 170 lines of schedule
     assert str(e.value).startswith("rank 1: lost contact with another rank (") and "one died or hung" in str(e.value)
+    assert e.value.exit_code == 1  # the run failed on its own: not bad input (2)
     assert f"after iteration 2; last checkpoint: {res['checkpoint']} (continue with --resume)" in str(e.value)
     assert log.read_text().count("schedule dump") == 170 and "Traceback" in log.read_text()
     assert terminal.getvalue() == ""  # 166 lines of it reached the terminal through torch's own handler
