@@ -431,6 +431,7 @@ def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layo
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # a run directory removed mid-run: the training is done
     write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 

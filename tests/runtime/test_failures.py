@@ -346,3 +346,28 @@ def test_a_new_run_into_a_used_run_dir_is_refused_and_a_refused_run_creates_noth
                                            "--loss-scale", "100"))
     assert "--loss-scale applies to fp16 training" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "model.json", "plan.json", "run"]
+
+
+def test_a_run_directory_removed_mid_run_still_ends_with_the_result(tmp_path):
+    # the workers trained to the end and saved, and the run reported "rank 0 exited with code 1
+    # after iteration 2: FileNotFoundError: .../result.json"
+    import shutil
+    import threading
+
+    from spantrain.runtime.metrics import read_step_records
+
+    run_dir = tmp_path / "run"
+
+    def remove_after_the_first_iteration() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not read_step_records(run_dir / "metrics.jsonl"):
+            time.sleep(0.01)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    remover = threading.Thread(target=remove_after_the_first_iteration, daemon=True)
+    remover.start()
+    code, out, err = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "6",
+                                               "--run-dir", str(run_dir), "--json"))
+    remover.join(1)
+    assert code == 0, err
+    assert json.loads(out)["final_step"] == 6 and (run_dir / "result.json").exists()
