@@ -38,7 +38,7 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
 def add_calibration_arg(p: argparse.ArgumentParser, what: str,
                         default: str = "the built-in constants, which describe GPUs whose executor overlaps "
                                        "sync with the backward pass") -> None:
-    p.add_argument("--calibration", metavar="FILE",
+    p.add_argument("--calibration", metavar="PROFILE",
                    help=f"cost-model constants (YAML/JSON) {what}: a profile of the executor that will run the plan, "
                         f"or the name of a shipped one: emulated-cpu, spantrain's runtime on the local emulated "
                         f"cluster (default: {default})")
