@@ -174,10 +174,12 @@ class Tracker:
             self.log({key: wandb.Image(str(path))}, step=step)
 
     def _at(self, step: int | None) -> int | None:
-        """`step`, raised to the first step this run has not logged; the highest kept for the next part."""
+        """`step`, raised to the first step this run has not logged and to the last step this
+        part logged (W&B drops a row below it: train-policy's final table and curve, after
+        PPO's last losses one step on); the highest kept for the next part."""
         if step is None:
             return None
-        step = max(step, self._floor)
+        step = max(step, self._floor, self._last)
         if step > self._last:
             self._last = step
             if self._steps_file is not None:

@@ -164,7 +164,12 @@ def test_tables_and_images_go_to_the_step_they_are_given(tmp_path, monkeypatch):
     tracker.log_table("eval/final", ["case"], [["a"]], step=1088)
     tracker.log_image("eval/curve", tmp_path / "curve.png", step=1088)
     tracker.log_table("t", ["case"], [["a"]])  # no step: wandb's own next one
-    assert logged == [(["eval/final"], 1088), (["eval/curve"], 1088), (["t"], None)]
+    # below a step already logged: W&B drops the row ("less than the current step"), so it goes
+    # to that step (train-policy logged its final table below PPO's last losses)
+    tracker.log({"ppo/loss": 1.0}, step=1090)
+    tracker.log_table("late", ["case"], [["a"]], step=1089)
+    assert logged == [(["eval/final"], 1088), (["eval/curve"], 1088), (["t"], None), (["ppo/loss"], 1090),
+                      (["late"], 1090)]
 
 
 def test_a_part_that_continues_a_run_logs_past_the_steps_the_run_already_has(tmp_path, monkeypatch):

@@ -67,7 +67,7 @@ def test_one_network_serves_any_cluster_size():
 
 
 @pytest.mark.slow
-def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, capsys):
+def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, capsys, wandb_records):
     import tempfile
 
     from spantrain.policies.ppo import PPOPlanner, load_policy
@@ -115,6 +115,10 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     assert best_meta["selected_steps"] == best["steps"] and best_meta["curve"] == summary["curve"]
     assert any((tmp_path / "run" / "checkpoints").iterdir())
     assert list((tmp_path / "run" / "wandb").rglob("*.wandb")), "W&B offline run was not written"
+    # what W&B kept, not only what was handed to it: the final table and curve came one step below
+    # PPO's last losses, and W&B dropped them
+    records = wandb_records(tmp_path / "run" / "wandb", b"table-file", b"image-file")
+    assert b"table-file" in records and b"image-file" in records
     # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
     # (those two copied: a resumed part rewrites their files)
     assert versions == [(f"policy-{s}.pt", [f"step-{s}"], False) for s in (0, 48, 96)] + [
