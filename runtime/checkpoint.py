@@ -190,8 +190,8 @@ class Checkpointer:
             dcp.save({k: v.detach() if hasattr(v, "detach") else v for k, v in tensors.items()},
                      storage_writer=dcp.FileSystemWriter(str(tmp)))
         except (Exception, CheckpointException) as e:
+            reason = _full_disk(tensors, self.root) or _dcp_reason(e)  # first: removing the parts frees space
             shutil.rmtree(tmp, ignore_errors=True)  # a part-written one is only in the way (of the space, too)
-            reason = _full_disk(tensors, self.root) or _dcp_reason(e)
             raise ExecutionError(f"cannot write checkpoint {tmp}: {reason}") from e
         self.barrier()  # every rank's shard is on disk
         if self.rank == 0:

@@ -14,7 +14,6 @@ import os
 import re
 import reprlib
 import signal
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -59,15 +58,41 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     except UnicodeDecodeError:
         raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
     try:
-        return _parse_text(p, text, error)
+        data = _parse_text(p, text, error)
     except ValueError as e:  # Python converts at most 4,300 digits to an int, by default
         if "integer string conversion" not in str(e):
             raise
-        raise error(f"{p}: holds a number of more than {sys.get_int_max_str_digits():,} digits, which no figure of a "
-                    "spec, plan or workload is: check the file") from None
+        raise error(f"{p}: {_HUGE_INT}") from None
     except RecursionError:  # both parsers recurse per level: [[[[...]]]] exhausts the stack
         raise error(f"{p}: nested too deeply to read (spec, plan and workload files are a few levels "
                     "deep; check the brackets)") from None
+    if _has_huge_int(data):
+        raise error(f"{p}: {_HUGE_INT}")
+    return data
+
+
+_HUGE_INT_BITS = 1000
+_HUGE_INT = (f"holds an integer of more than {int(_HUGE_INT_BITS * math.log10(2))} digits, which no figure of a "
+             "spec, plan or workload is: check the file")
+
+
+def _has_huge_int(data: Any) -> bool:
+    """Whether `data` holds an int past any float (YAML's hex and sexagesimal ints have no digit
+    limit; float() and math.isfinite raise on them). Each list or dict once: YAML aliases share
+    them, and a file of nested aliases expands to millions of items."""
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, int) and not isinstance(x, bool):
+            if abs(x).bit_length() > _HUGE_INT_BITS:
+                return True
+        elif isinstance(x, (list, dict)) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.values() if isinstance(x, dict) else x)
+            if isinstance(x, dict):
+                stack.extend(x.keys())
+    return False
 
 
 class _DuplicateKey(ValueError):
@@ -220,7 +245,14 @@ def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, pro
             problems.append(f"{prefix}missing required key {shown(key)}")
 
 
-_SHOWN = reprlib.Repr()
+class _ShortRepr(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        if abs(x).bit_length() > _HUGE_INT_BITS:  # repr itself refuses past 4,300 digits
+            return f"<an integer of about {int(abs(x).bit_length() * math.log10(2))} digits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _ShortRepr()
 _SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = 1, 80, 40, 80
 _SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
 
@@ -242,7 +274,7 @@ def got(value: Any) -> str:
         return f"got {shown(value)}"
     if not math.isfinite(number):
         return f"got {shown(value)}"
-    m = _EXP_NUMBER.fullmatch(value.strip())
+    m = _EXP_NUMBER.fullmatch(value.strip()) if len(value) <= 80 else None  # the hint quotes it whole
     if m and (m[2] or m[3]):
         sign, whole, frac, esign, exp = m.groups()
         fixed = f"{sign}{whole or '0'}.{frac or '0'}e{esign or '+'}{exp}"
@@ -252,7 +284,9 @@ def got(value: Any) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    # an int is finite (math.isfinite raises on one past the floats)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (isinstance(value, int)
+                                                                               or math.isfinite(value))
 
 
 def is_figure(value: Any, lo: float = 0.0) -> bool:

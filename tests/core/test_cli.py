@@ -114,13 +114,15 @@ def test_a_file_nested_too_deeply_is_a_one_line_error(run_cli, tmp_path, suffix)
     _one_line_error(code, out, err, f"{deep}: nested too deeply to read")
 
 
-@pytest.mark.parametrize("suffix", [".yaml", ".json"])
-def test_a_number_of_thousands_of_digits_is_a_one_line_error(run_cli, tmp_path, suffix):
-    # Python converts at most 4,300 digits to an int: a ValueError traceback
+@pytest.mark.parametrize("suffix, number", [(".yaml", "1" + "0" * 5000), (".json", "1" + "0" * 5000),
+                                            (".yaml", "1" + "0" * 400), (".yaml", "0x" + "f" * 5000)])
+def test_an_integer_past_any_float_is_a_one_line_error(run_cli, tmp_path, suffix, number):
+    # Python converts at most 4,300 decimal digits to an int (a ValueError traceback), YAML's hex
+    # ints have no limit (reprlib's ValueError), and past 309 digits math.isfinite raised OverflowError
     big = tmp_path / f"big{suffix}"
-    big.write_text('{"devices": [{"id": "a", "tflops": 1' + "0" * 5000 + "}]}")
+    big.write_text('{"devices": [{"id": "a", "count": ' + number + "}]}")
     code, out, err = run_cli("topo", "show", big)
-    _one_line_error(code, out, err, f"{big}: holds a number of more than 4,300 digits")
+    _one_line_error(code, out, err, f"{big}: holds an integer of more than 301 digits, which no figure")
 
 
 def test_a_bad_value_is_shown_cut_short(run_cli, tmp_path):

@@ -61,10 +61,13 @@ def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_g
         (Path(storage_writer.path) / "__0_0.distcp").write_bytes(b"part")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
+    def usage_now(path):  # full while the parts are there (all ranks' parts: more than this rank's alone)
+        return usage(2**21, 2**21, 0) if list(tmp_path.glob(".tmp-*/*")) else usage(2**21, 0, 2**21)
+
     monkeypatch.setattr(dcp, "save", full)
     usage = namedtuple("usage", "total used free")
     ck = Checkpointer(tmp_path, rank=0, barrier=lambda: None)
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**21, 2**21, 0))
+    monkeypatch.setattr(shutil, "disk_usage", usage_now)
     with pytest.raises(ExecutionError, match=r"no space left on the device \(0\.0 MB free, this rank's part alone is "
                                              r"0\.0 MB\): free some space, or pass a --checkpoint-dir on another disk"):
         _save(ck, 3, 1.0)
