@@ -7,6 +7,7 @@ Layout of a checkpoint directory ``ROOT``::
         .metadata, *.distcp      DCP: "layers.{i}.{param}" and "optim.layers.{i}.{param}.{step|exp_avg|exp_avg_sq}"
         train_state.json         step, samples consumed, RNG state, plan, hyper-parameters
         meta.json                model architecture and per-layer parameter counts (checked on resume)
+        plan.json                the plan it was trained on, as a plan file (``--plan`` to resume on it)
     ROOT/.tmp-step-00000042/     a checkpoint being written (ignored; the next save removes any left by a crash)
 
 Because keys name layers, any plan can load any checkpoint of the same model: each rank
@@ -33,11 +34,14 @@ from typing import Any
 from spantrain._spec import shown
 from spantrain.errors import ExecutionError
 
-__all__ = ["FORMAT", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta", "restore_rng",
-           "Checkpointer", "read_tensors"]
+__all__ = ["FORMAT", "PLAN_FILE", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta",
+           "restore_rng", "Checkpointer", "read_tensors"]
 
 FORMAT = 1
 _LATEST = "latest"
+PLAN_FILE = "plan.json"
+"""A plan file: in each checkpoint, the plan it was trained on; in the run directory, the plan
+the run trains on now (rank 0 writes it as each plan starts)."""
 
 
 def _step_dir(step: int) -> str:
@@ -197,6 +201,8 @@ class Checkpointer:
         if self.rank == 0:
             _write_json(tmp / "meta.json", meta)
             _write_json(tmp / "train_state.json", train_state)
+            if "plan" in train_state:  # a plan file: to resume on the plan it trained on (--plan)
+                _write_json(tmp / PLAN_FILE, train_state["plan"])
             _fsync_dir(tmp)
             if final.exists():  # the same step saved again (a resumed run): swap it out, then drop it
                 old = self.root / f".old-{_step_dir(step)}"

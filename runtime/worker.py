@@ -41,7 +41,14 @@ from spantrain._say import say
 from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.runtime import zb_order
-from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta, restore_rng
+from spantrain.runtime.checkpoint import (
+    PLAN_FILE,
+    Checkpointer,
+    check_meta,
+    latest_checkpoint,
+    model_meta,
+    restore_rng,
+)
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.data import SampleStream, batch_slices, load_tokens
 from spantrain.runtime.entry import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, error_file
@@ -64,12 +71,8 @@ from spantrain.runtime.rankmap import Layout, host_record, resolve_ranks
 from spantrain.runtime.sync import Synchronizer, build_holder_groups
 from spantrain.runtime.transport import Transport, visible_gpus
 
-__all__ = ["PLAN_FILE", "StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job",
+__all__ = ["StopFlag", "run_worker", "guarded", "agreed_precision", "job_fingerprint", "check_same_job",
            "torchrun_job"]
-
-PLAN_FILE = "plan.json"
-"""In the run directory: the plan the run trains on now (rank 0 writes it as each plan starts)."""
-
 
 class StopFlag:
     """Set by SIGTERM: finish the current iteration, agree with the others, checkpoint, exit.

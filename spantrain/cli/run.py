@@ -224,23 +224,23 @@ def other_optim_note(before: dict[str, Any] | None, now: dict[str, float]) -> st
     return note
 
 
-def _other_plan_note(run_dir: Path, plan) -> str | None:
-    """A note when a resumed run trains on another plan than the one this run directory last
-    trained on: allowed (a run resumes onto any plan), but after `--adapt` switched plans the
-    command's own --plan is the abandoned one (a resume went back to a 17x slower plan unsaid)."""
+def _other_plan_note(checkpoint: Path, plan) -> str | None:
+    """A note when a resumed run trains on another plan than the checkpoint was trained on:
+    allowed (a run resumes onto any plan), but after `--adapt` switched plans the command's own
+    --plan is the abandoned one (a resume went back to a 17x slower plan unsaid)."""
     from spantrain.plan import Plan
-    from spantrain.runtime.worker import PLAN_FILE
+    from spantrain.runtime.checkpoint import PLAN_FILE
 
-    path = run_dir / PLAN_FILE
+    path = checkpoint / PLAN_FILE
     try:
         last = Plan.from_file(path)
-    except SpantrainError:  # none yet, or not readable: nothing to compare with
+    except SpantrainError:  # a checkpoint written before it kept its plan, or not readable: nothing to compare
         return None
     keys = ("schedule", "sync", "pipelines")
     if {k: last.to_dict()[k] for k in keys} == {k: plan.to_dict()[k] for k in keys}:
         return None
-    return (f"resuming on another plan than this run last trained on ({path}, e.g. the plan --adapt switched to): "
-            f"pass --plan {path} to continue on that one")
+    return (f"resuming on another plan than checkpoint {checkpoint.name} was trained on (e.g. the plan --adapt "
+            f"switched to): pass --plan {path} to continue on that one")
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -431,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.resume and (not torchrun or (not own and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
     if args.resume and os.environ.get("RANK", "0") == "0":
-        note = _other_plan_note(run_dir, plan)
+        note = _other_plan_note(Path(state["path"]), plan)
         if note:
             _note(note)
 

@@ -23,9 +23,10 @@ def test_resume_onto_another_plan_continues_the_loss_sequence(tmp_path):
     full = run_plan(tmp_path, "full", plan("zb-h1", "allreduce", ASYMMETRIC), 4, eps=1e-8)
     first = run_plan(tmp_path, "first", plan("zb-h1", "allreduce", ASYMMETRIC), 2, eps=1e-8)
     assert first["checkpoint"].endswith("step-00000002")
-    # the run directory holds the plan as it ran (for plan --from, and to resume on)
-    written = json.loads((tmp_path / "first" / "plan.json").read_text())
-    assert {k: written[k] for k in ("schedule", "sync", "pipelines")} == plan("zb-h1", "allreduce", ASYMMETRIC)
+    # the run directory and each checkpoint hold the plan as it ran (for plan --from, and to resume on)
+    for written in (tmp_path / "first" / "plan.json", tmp_path / "first.ckpt" / "step-00000002" / "plan.json"):
+        ran = json.loads(written.read_text())
+        assert {k: ran[k] for k in ("schedule", "sync", "pipelines")} == plan("zb-h1", "allreduce", ASYMMETRIC)
 
     cluster, model = write_inputs(tmp_path)
     (tmp_path / "other.json").write_text(json.dumps(OTHER))
@@ -34,6 +35,8 @@ def test_resume_onto_another_plan_continues_the_loss_sequence(tmp_path):
                                     "--run-dir", str(tmp_path / "second"), "--checkpoint-dir",
                                     str(tmp_path / "first.ckpt"), "--resume", "--json")
     assert code == 0, err
+    assert (f"note: resuming on another plan than checkpoint step-00000002 was trained on (e.g. the plan --adapt "
+            f"switched to): pass --plan {tmp_path / 'first.ckpt' / 'step-00000002' / 'plan.json'}") in err
     second = json.loads(out)
     assert second["start_step"] == 2 and second["final_step"] == 4 and second["world_size"] == 3
     assert second["resumed_from"].endswith("step-00000002")

@@ -301,7 +301,7 @@ def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
     _check_exact(result, tmp_path)
 
 
-def test_resuming_on_another_plan_than_the_run_last_trained_on_says_so(tmp_path):
+def test_resuming_on_another_plan_than_the_checkpoint_was_trained_on_says_so(tmp_path):
     # after --adapt switched plans, the command's own --plan is the abandoned one: a resume went
     # back to a 17x slower plan without a word
     from spantrain.cli.run import _other_plan_note
@@ -309,14 +309,16 @@ def test_resuming_on_another_plan_than_the_run_last_trained_on_says_so(tmp_path)
 
     running, other = Plan.from_dict(plan("1f1b", "allreduce", ASYMMETRIC)), Plan.from_dict(plan("gpipe", "allreduce",
                                                                                                ASYMMETRIC))
-    assert _other_plan_note(tmp_path, other) is None  # no plan written yet
-    running.save(tmp_path / "plan.json")
-    assert _other_plan_note(tmp_path, running) is None
-    assert _other_plan_note(tmp_path, other) == (
-        f"resuming on another plan than this run last trained on ({tmp_path / 'plan.json'}, e.g. the plan --adapt "
-        f"switched to): pass --plan {tmp_path / 'plan.json'} to continue on that one")
-    (tmp_path / "plan.json").write_text("{")  # damaged: no note, no error
-    assert _other_plan_note(tmp_path, other) is None
+    checkpoint = tmp_path / "step-00000004"
+    checkpoint.mkdir()
+    assert _other_plan_note(checkpoint, other) is None  # a checkpoint from before it kept its plan
+    running.save(checkpoint / "plan.json")
+    assert _other_plan_note(checkpoint, running) is None
+    assert _other_plan_note(checkpoint, other) == (
+        "resuming on another plan than checkpoint step-00000004 was trained on (e.g. the plan --adapt switched to): "
+        f"pass --plan {checkpoint / 'plan.json'} to continue on that one")
+    (checkpoint / "plan.json").write_text("{")  # damaged: no note, no error
+    assert _other_plan_note(checkpoint, other) is None
 
 
 def test_resuming_on_other_data_says_so():
