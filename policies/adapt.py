@@ -107,14 +107,16 @@ def candidate_from_plan(ev: Evaluator, plan: Plan) -> Candidate:
 
 
 def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining_steps: int = DEFAULT_REMAINING_STEPS,
-               planner: str = "auto", calibration: Calibration | None = None, **planner_options: Any) -> Adaptation:
+               planner: str | Any = "auto", calibration: Calibration | None = None,
+               **planner_options: Any) -> Adaptation:
     """The cheapest way to run the remaining steps from `running` (module docstring).
 
     `planner` decides the options: ``auto`` tries the policy and the heuristic, ``ppo``
     the policy alone, any other registered planner its fresh plan; keeping is always an
     option while every device of `running` is still there. `calibration`: the cost model's
     constants for every option (the built-in ones when None). `planner_options` go to the
-    planner (``policy=FILE`` for ppo/auto)."""
+    planner (``policy=FILE`` for ppo/auto). `planner` may also be a planner made already
+    (its policy loaded: `spantrain plan` times loading apart)."""
     from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, held_layers
     from spantrain.policies.heuristic import HeuristicPlanner
     from spantrain.policies.registry import get_planner
@@ -127,9 +129,10 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
                         f"{workload.global_batch} (pass --global-batch {running.batch})")
     if problems:
         raise PlanError(problems)
-    named = get_planner(planner, **planner_options)  # unknown names and options fail before any work
-    ppo = named.ppo if planner == "auto" else named if planner == "ppo" else None
-    fresh_planner = HeuristicPlanner() if planner == "auto" else named
+    # unknown names and options fail before any work
+    named = get_planner(planner, **planner_options) if isinstance(planner, str) else planner
+    ppo = named.ppo if named.name == "auto" else named if named.name == "ppo" else None
+    fresh_planner = HeuristicPlanner() if named.name == "auto" else named
     missing = tuple(d for d in running.devices if d not in cluster)
     ev = Evaluator(cluster, workload, calibration=calibration)
     H = remaining_steps
@@ -145,7 +148,7 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         if recut is not keep:
             found["recut"] = recut
         # the policy improves a plan that runs; one that no longer fits memory is re-planned instead
-        if keep.feasible and ppo is not None and (planner == "ppo" or _loads(ppo)):
+        if keep.feasible and ppo is not None and (named.name == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing or not keep.feasible:
         found[fresh_planner.name] = candidate_from_plan(ev, plan_with(fresh_planner, cluster, workload, calibration))

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     if args.running:
-        adaptation = _adapt(args, cluster, workload, options, calibration)
+        adaptation = _adapt(args, cluster, workload, planner, calibration)
         plan = adaptation.plan
     else:
         plan = plan_with(planner, cluster, workload, calibration)
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any], calibration):
+def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
     from spantrain.errors import PlanError
     from spantrain.plan import Plan
     from spantrain.policies.adapt import DEFAULT_REMAINING_STEPS, adapt_plan
@@ -188,8 +188,8 @@ def _adapt(args: argparse.Namespace, cluster, workload, options: dict[str, Any],
         raise PlanError(f"--remaining-steps must be a positive integer, got {steps}")
     running = Plan.from_file(args.running)
     try:
-        adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=args.planner,
-                                calibration=calibration, **options)
+        adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=planner,
+                                calibration=calibration)
     except PlanError as e:
         raise PlanError(f"running plan {args.running}: {e}") from None
     if adaptation.missing:

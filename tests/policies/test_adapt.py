@@ -105,7 +105,12 @@ def _spec_file(tmp_path, cluster, name):
     return path
 
 
-def test_plan_from_cli(run_cli, tmp_path, running):
+def test_plan_from_cli(run_cli, tmp_path, running, monkeypatch):
+    from spantrain.policies import ppo
+
+    loads = []
+    real_load = ppo.load_policy
+    monkeypatch.setattr(ppo, "load_policy", lambda *a, **kw: loads.append(1) or real_load(*a, **kw))
     _, after = _clusters(0.5)
     plan_file = tmp_path / "running.json"
     running.save(plan_file)
@@ -117,6 +122,7 @@ def test_plan_from_cli(run_cli, tmp_path, running):
     obj = json.loads(out)
     assert obj["adaptation"]["switch"] is True and obj["adaptation"]["remaining_steps"] == 5000
     assert obj["load_s"] > 0  # loading the policy is timed apart from planning, as plain plan does (was 0.0)
+    assert len(loads) == 1  # and done once: the adaptation plans with the planner that loaded it
     assert {o["name"] for o in obj["adaptation"]["options"]} == {"keep", "ppo", "heuristic"}
     assert Plan.from_file(out_file).to_dict()["pipelines"] == obj["plan"]["pipelines"]
     code, out, err = run_cli("plan", "-c", spec, "-m", "gpt2-medium", "--from", plan_file, "--remaining-steps", "10")
