@@ -44,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary = train(config)
         except KeyboardInterrupt as stop:
-            if args.ship and str(stop):  # --ship is not saved with the run: its --resume would not ship
-                stop.args = (f"{stop}; nothing was shipped: add --ship to the command that continues it",)
-                if getattr(stop, "report", None):
-                    stop.report["message"] = str(stop)
+            report = getattr(stop, "report", None)
+            if args.ship and report and report.get("policy"):
+                if report.get("phase") == "finishing":  # trained and saved: shipping is a copy away
+                    how = f"copy {stop.path} to {SHIPPED_POLICY} to ship it"
+                else:  # --ship is not saved with the run: the command that continues it must say it again
+                    how = "add --ship to the command that continues it"
+                stop.args = (f"{stop}; nothing was shipped: {how}",)
+                report["message"] = str(stop)
             if args.json:  # stdout still holds one JSON object: what was kept and how to go on
                 print_json(getattr(stop, "report", None) or {"interrupted": True, "policy": None, "message": str(stop)})
             raise
