@@ -23,8 +23,11 @@ SPEC = {
 @pytest.fixture
 def emu(tmp_path, monkeypatch):
     monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
-    # a teardown cut short leaves its register entry for the next run's sweep: keep it in tmp
+    # a teardown cut short leaves its register entry for the next run's sweep: keep it in tmp,
+    # and sweep only what that register knows (run as root, the start's sweep took every live
+    # run on the machine, missing from this register, for a leftover and killed its devices)
     monkeypatch.setattr(state, "REGISTRY", tmp_path / "registry")
+    monkeypatch.setattr(state, "_leftover_ids", lambda: state._registered_ids() | state._registry_ids())
     e = EmulatedCluster(Cluster.from_spec(SPEC), mode="local", cpu_limits=False, log=lambda s: None)
     yield e
     e.cleanup()
