@@ -38,6 +38,7 @@ from spantrain.errors import PlanError, PolicyError
 from spantrain.plan import Plan
 from spantrain.planner import plan_with
 from spantrain.policies.cuts import refine_cuts
+from spantrain.policies.ppo import MAX_POLICY_DEVICES
 from spantrain.workload import Workload
 
 __all__ = ["Option", "Adaptation", "candidate_from_plan", "adapt_plan", "DEFAULT_REMAINING_STEPS"]
@@ -148,7 +149,9 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         if recut is not keep:
             found["recut"] = recut
         # the policy improves a plan that runs; one that no longer fits memory is re-planned instead
-        if keep.feasible and ppo is not None and (named.name == "ppo" or _loads(ppo)):
+        # (auto beyond the devices the policy plans: the heuristic's options alone)
+        if keep.feasible and ppo is not None and (named.name == "ppo" or (len(cluster) <= MAX_POLICY_DEVICES
+                                                                         and _loads(ppo))):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing or not keep.feasible:
         found[fresh_planner.name] = candidate_from_plan(ev, plan_with(fresh_planner, cluster, workload, calibration))

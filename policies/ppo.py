@@ -42,8 +42,8 @@ from spantrain.planner import gc_paused
 from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
-__all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "load_policy", "save_policy",
-           "load_value_head", "load_failure", "improve", "default_samples"]
+__all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "MAX_POLICY_DEVICES", "load_policy",
+           "save_policy", "load_value_head", "load_failure", "improve", "default_samples", "check_policy_size"]
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
 _FORMAT = 1
@@ -195,6 +195,20 @@ class PPOConfig:
             raise SpantrainError(f"ppo: steps must be a positive integer, got {self.steps!r}")
 
 
+MAX_POLICY_DEVICES = 1024
+"""The largest cluster the policy plans. Its pair moves grow with the square of the devices: at
+1,024 a plan took 13 s and 1.9 GB (the heuristic 1.5 s), at 4,096 the policy ran out of what
+torch can sample from after 44 s and 18 GB. Beyond it `ppo` refuses and `auto` plans with the
+heuristic, saying so."""
+
+
+def check_policy_size(devices: int) -> None:
+    """`PolicyError` for a cluster larger than the policy plans (`MAX_POLICY_DEVICES`)."""
+    if devices > MAX_POLICY_DEVICES:
+        raise PolicyError(f"the policy plans clusters of up to {MAX_POLICY_DEVICES:,} devices, this one has "
+                          f"{devices:,} (its moves grow with the square of the devices): use --planner heuristic")
+
+
 def default_samples(devices: int) -> int:
     """Sampled rollouts for a cluster: 4 at training sizes (up to 32 devices), 1 beyond.
     A rollout's steps cost about linearly in devices, and beyond 32 the heuristic start
@@ -279,6 +293,7 @@ class PPOPlanner:
         from spantrain.env.plan_env import Scenario
         from spantrain.policies.heuristic import HeuristicPlanner
 
+        check_policy_size(len(ev.cluster))
         self._load()
         t0 = time.perf_counter()
         with gc_paused():
@@ -296,6 +311,7 @@ class PPOPlanner:
     def improve(self, scenario, *, horizon: int | None = None) -> Candidate:
         """The best plan the policy reaches from `scenario.start`; `horizon`: iterations
         over which a migration is amortized (the policy's training horizon when None)."""
+        check_policy_size(len(scenario.cluster))
         net = self._load()
         steps = self.config.steps or int(self._env_settings.get("max_steps", 12))
         samples = self.config.samples
@@ -331,6 +347,11 @@ class AutoPlanner:
         from spantrain.policies.heuristic import HeuristicPlanner
 
         heuristic = HeuristicPlanner().best_candidate(ev)
+        if len(ev.cluster) > MAX_POLICY_DEVICES:  # the heuristic's plan, not an error: auto is the default
+            print(f"spantrain: note: {len(ev.cluster):,} devices, more than the policy plans "
+                  f"({MAX_POLICY_DEVICES:,}): using the heuristic plan", file=sys.stderr)
+            self.stats = {"chosen": "heuristic", "fallback": "too many devices for the policy"}
+            return heuristic
         try:
             self.ppo.prepare()
             learned = self.ppo.best_candidate(ev, start=heuristic)

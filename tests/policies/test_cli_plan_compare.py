@@ -317,3 +317,25 @@ def test_a_policy_whose_outputs_overflow_is_a_one_line_error(monkeypatch):
     with pytest.raises(PolicyError, match="the policy's outputs are not finite numbers on this cluster"):
         ppo_module.PPOPlanner().plan(cluster, workload)
     assert run_planner("auto", cluster, workload).feasible  # the shipped policy's failure: the heuristic plan
+
+
+def test_beyond_the_devices_the_policy_plans_ppo_refuses_and_auto_plans_with_the_heuristic(monkeypatch, capsys):
+    # at 4,096 devices the policy took 44 s and 18 GB, then torch.multinomial's traceback
+    from spantrain.errors import PolicyError
+    from spantrain.policies import adapt, ppo
+    from spantrain.policies.compare import run_planner
+    from spantrain.profiler.topology import generate
+
+    monkeypatch.setattr(ppo, "MAX_POLICY_DEVICES", 8)
+    monkeypatch.setattr(adapt, "MAX_POLICY_DEVICES", 8)
+    cluster, workload = generate(12, 0, "cee"), Workload.from_preset("gpt2-small")
+    with pytest.raises(PolicyError, match=r"^the policy plans clusters of up to 8 devices, this one has 12 .*: use "
+                                          r"--planner heuristic$"):
+        ppo.PPOPlanner().plan(cluster, workload)
+    auto = run_planner("auto", cluster, workload)
+    assert auto.feasible and auto.plan == run_planner("heuristic", cluster, workload).plan
+    assert "12 devices, more than the policy plans (8): using the heuristic plan" in capsys.readouterr().err
+    # adapting: the heuristic's options alone
+    running = run_planner("heuristic", cluster, workload).plan
+    a = adapt.adapt_plan(cluster, workload, running, planner="auto")
+    assert "ppo" not in {o.name for o in a.options}
