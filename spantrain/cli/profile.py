@@ -27,7 +27,7 @@ from pathlib import Path
 from spantrain._interrupt import QUIET_INTERRUPT_ENV
 from spantrain._spec import plural
 from spantrain.cli._common import check_finite, check_output_file, print_json
-from spantrain.errors import ExecutionError, WorkloadError
+from spantrain.errors import ExecutionError, RunFailed, WorkloadError
 
 __all__ = ["MAX_BUDGET_S", "MIN_WAIT_S", "register", "run"]
 
@@ -161,8 +161,12 @@ def _profile_emulated(args: argparse.Namespace) -> int:
             return TIMED_OUT
         failed = first_failure(results)
         if failed is not None:
-            raise ExecutionError(f"device {failed.device_id} (rank {failed.rank}) "
-                                 f"{describe_exit(failed.returncode)}; see its [{failed.device_id}] lines above")
+            # its last line says why (the devices' output is not relayed); a device that refused its
+            # input exits 2, like this command; one that died or hung makes the profile fail (1)
+            last = (failed.stderr.strip().splitlines() or [""])[-1].strip()
+            why = f": {last[:200]}" if last else ""
+            error = ExecutionError if failed.returncode == 2 else RunFailed
+            raise error(f"device {failed.device_id} (rank {failed.rank}) {describe_exit(failed.returncode)}{why}")
         if not result.exists():
             raise ExecutionError("rank 0 finished without writing its result")
         data = json.loads(result.read_text())

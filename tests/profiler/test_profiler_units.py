@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from spantrain.profiler.assemble import DeviceMeasurement, assemble
 from spantrain.profiler.grouping import compute_groups, network_groups
 from spantrain.profiler.network import PairMeasurement, round_robin
 from spantrain.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("n", range(2, 10))
@@ -225,3 +228,38 @@ def test_a_profile_that_outlives_its_wait_exits_124_not_2(run_cli, tmp_path, mon
     assert code == 124 and out == "", err
     assert err == ("spantrain profile: error: the profile outlived 4 x --budget-s (at least 120 s): stopped every "
                    "device after 200 s\n"), err
+
+
+@pytest.mark.parametrize("returncode, code", [(-9, 1), (2, 2)])
+def test_a_device_that_dies_in_a_profile_is_named_with_its_last_line(run_cli, monkeypatch, returncode, code):
+    # it said "see its [device] lines above" (no such lines: the devices' output is not relayed),
+    # and exit 2, the code of bad input, for a device killed under it
+    from spantrain.runtime import emulator
+    from spantrain.runtime.emulator.launch import DeviceResult
+
+    class Emulated:
+        emulation = None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def describe(self):
+            return []
+
+        def run(self, argv, timeout_s, env):
+            return [DeviceResult(device_id="cloud-0", rank=0, returncode=returncode, seconds=1.0, stdout="",
+                                 stderr="loading\nRuntimeError: out of memory\n"),
+                    DeviceResult(device_id="edge-0", rank=1, returncode=-15, seconds=1.0, stdout="", stderr="",
+                                 stopped=True)]
+
+    monkeypatch.setattr(emulator, "EmulatedCluster", Emulated)
+    got, _, err = run_cli("profile", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--budget-s", "5")
+    how = "was killed by SIGKILL" if returncode < 0 else "exited with code 2"
+    assert got == code and err.strip() == f"spantrain profile: error: device cloud-0 (rank 0) {how}: RuntimeError: " \
+                                         "out of memory", err
