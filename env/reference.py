@@ -78,6 +78,8 @@ class Trace:
     devices: list[list[str]] = field(default_factory=list)
     layers: list[list[tuple[int, int]]] = field(default_factory=list)
     optimizer_s: float = 0.0
+    optimizer_after_sync: bool = True
+    """Whether each device steps after its collectives (local-SGD averages after the step)."""
     pipeline_max_s: float = 0.0
 
 
@@ -475,6 +477,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         else:
             runs.append([k, k + 1])
     mode = plan.sync.mode
+    out.optimizer_after_sync = mode != "local-sgd"
     period = plan.sync.period
     overlap = cal.sync_overlap
     pipe_max = max(periods) if overlap else max(makespans)

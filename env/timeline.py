@@ -47,9 +47,12 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
                 if spans:
                     ax.broken_barh(spans, (y + 0.66 + (0.12 if kind == "grad" else 0.0), 0.11),
                                    facecolors=COLORS[kind], linewidth=0)
-            end = ops[-1].end
-            ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
             dev = tr.devices[p][s]
+            # the step follows the device's own gradient sync (it was drawn at the schedule's end,
+            # before collectives that ran on), except under local SGD, which averages after it
+            synced = [c.end for c in tr.collectives if dev in c.devices] if tr.optimizer_after_sync else []
+            end = max([ops[-1].end, *synced])
+            ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
             a, z = tr.layers[p][s]
             labels.append(f"p{p} s{s} {dev} [{a},{z})")
             ticks.append(y + 0.45)

@@ -73,16 +73,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         obj = est.to_dict()
         obj.update({"schedule": plan.schedule, "sync": plan.sync.to_dict(), "batch": plan.batch,
-                    "global_batch": workload.global_batch, "pipelines": pipes})
+                    "global_batch": workload.global_batch, "pipelines": pipes, "calibration": args.calibration})
         if args.timeline:
             obj["timeline"] = args.timeline
         print_json(obj)
         return 0
-    _print_human(est, plan, workload, pipes, args.timeline)
+    _print_human(est, plan, workload, pipes, args.timeline, args.calibration)
     return 0
 
 
-def _print_human(est, plan, workload, pipes, timeline) -> None:
+def _print_human(est, plan, workload, pipes, timeline, calibration: str | None = None) -> None:
     from rich.table import Table
 
     con = stdout_console()
@@ -110,5 +110,6 @@ def _print_human(est, plan, workload, pipes, timeline) -> None:
         con.print(f"throughput {est.samples_per_s:.4g} samples/s")
     else:
         con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+    con.print(f"constants  {calibration or 'built-in (GPU executors that overlap sync with the backward pass)'}")
     if timeline:
         con.print(f"timeline   {timeline}")

@@ -45,6 +45,13 @@ def test_human_output(files, run_cli):
     code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--global-batch", "16")
     assert code == 0
     assert "pipeline 0" in out and "edge-0" in out and "throughput" in out
+    assert "constants  built-in (GPU executors that overlap sync with the backward pass)" in out
+    # the constants it predicted with, as plan says them (simulate said nothing of them)
+    code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--calibration", "emulated-cpu")
+    assert code == 0 and "constants  emulated-cpu" in out
+    code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--calibration", "emulated-cpu",
+                           "--json")
+    assert code == 0 and json.loads(out)["calibration"] == "emulated-cpu"
 
 
 @pytest.mark.parametrize("mutate", ["unknown-device", "gap", "missing-file", "syntax"])
@@ -93,6 +100,36 @@ def test_the_timeline_legend_lists_only_what_it_draws(files, run_cli, monkeypatc
     code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
     assert code == 0, err
     assert "forward F" in labels and "sync collective" in labels and not absent & set(labels), labels
+
+
+def test_the_timeline_draws_the_optimizer_step_after_the_devices_sync(files, run_cli, monkeypatch):
+    # it was drawn at each schedule's end, before the gradient collectives that ran on after it
+    from matplotlib.axes import Axes
+
+    from spantrain.cluster import Cluster
+    from spantrain.env.reference import trace
+    from spantrain.env.timeline import COLORS
+    from spantrain.plan import Plan
+    from spantrain.workload import Workload
+
+    cluster, plan, tmp = files
+    bars = []
+    real = Axes.broken_barh
+
+    def spy(self, xranges, yrange, **kwargs):
+        bars.append((list(xranges), kwargs.get("facecolors")))
+        return real(self, xranges, yrange, **kwargs)
+
+    monkeypatch.setattr(Axes, "broken_barh", spy)
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
+    assert code == 0, err
+    steps = [x for xranges, color in bars if color == COLORS["optimizer"] for x, _ in xranges]
+    tr = trace(Cluster.from_file(cluster), Workload.from_preset("gpt2-medium"), Plan.from_file(plan))
+    assert tr.collectives and max(steps) >= max(c.end for c in tr.collectives)
+    for p, stages in enumerate(tr.devices):
+        for s, dev in enumerate(stages):
+            own = [c.end for c in tr.collectives if dev in c.devices]
+            assert max([tr.ops[p][s][-1].end, *own]) in steps
 
 
 def test_bad_timeline_paths_are_refused_before_any_work(files, run_cli):
