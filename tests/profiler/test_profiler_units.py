@@ -207,23 +207,10 @@ def test_a_profile_that_outlives_its_wait_exits_124_not_2(run_cli, tmp_path, mon
     import spantrain.runtime.emulator as emulator
     from spantrain.runtime.emulator.launch import TimedOut
 
-    class Hung:
-        def __init__(self, *args, **kwargs):
-            pass
+    def hang(timeout_s):
+        raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def describe(self):
-            return []
-
-        def run(self, argv, *, timeout_s, env=None):
-            raise TimedOut(f"the command was still running after {timeout_s:g} s; stopped every device")
-
-    monkeypatch.setattr(emulator, "EmulatedCluster", Hung)
+    monkeypatch.setattr(emulator, "EmulatedCluster", _emulated(hang))
     code, out, err = run_cli("profile", "--cluster", tmp_path / "c.json", "--budget-s", "50")
     assert code == 124 and out == "", err
     assert err == ("spantrain profile: error: the profile outlived 4 x --budget-s (at least 120 s): stopped every "
@@ -236,6 +223,22 @@ def test_a_device_that_dies_in_a_profile_is_named_with_its_last_line(run_cli, mo
     # and exit 2, the code of bad input, for a device killed under it
     from spantrain.runtime import emulator
     from spantrain.runtime.emulator.launch import DeviceResult
+
+    def die(timeout_s):
+        return [DeviceResult(device_id="cloud-0", rank=0, returncode=returncode, seconds=1.0, stdout="",
+                             stderr="loading\nRuntimeError: out of memory\n"),
+                DeviceResult(device_id="edge-0", rank=1, returncode=-15, seconds=1.0, stdout="", stderr="",
+                             stopped=True)]
+
+    monkeypatch.setattr(emulator, "EmulatedCluster", _emulated(die))
+    got, _, err = run_cli("profile", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--budget-s", "5")
+    how = "was killed by SIGKILL" if returncode < 0 else "exited with code 2"
+    assert got == code and err.strip() == f"spantrain profile: error: device cloud-0 (rank 0) {how}: RuntimeError: " \
+                                         "out of memory", err
+
+
+def _emulated(answer):
+    """`EmulatedCluster` as the profile command uses it, whose run returns (or raises) `answer(timeout_s)`."""
 
     class Emulated:
         emulation = None
@@ -252,14 +255,7 @@ def test_a_device_that_dies_in_a_profile_is_named_with_its_last_line(run_cli, mo
         def describe(self):
             return []
 
-        def run(self, argv, timeout_s, env):
-            return [DeviceResult(device_id="cloud-0", rank=0, returncode=returncode, seconds=1.0, stdout="",
-                                 stderr="loading\nRuntimeError: out of memory\n"),
-                    DeviceResult(device_id="edge-0", rank=1, returncode=-15, seconds=1.0, stdout="", stderr="",
-                                 stopped=True)]
+        def run(self, argv, *, timeout_s, env=None):
+            return answer(timeout_s)
 
-    monkeypatch.setattr(emulator, "EmulatedCluster", Emulated)
-    got, _, err = run_cli("profile", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--budget-s", "5")
-    how = "was killed by SIGKILL" if returncode < 0 else "exited with code 2"
-    assert got == code and err.strip() == f"spantrain profile: error: device cloud-0 (rank 0) {how}: RuntimeError: " \
-                                         "out of memory", err
+    return Emulated
