@@ -477,9 +477,11 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         else:
             runs.append([k, k + 1])
     mode = plan.sync.mode
-    out.optimizer_after_sync = mode != "local-sgd"
     period = plan.sync.period
     overlap = cal.sync_overlap
+    # drawing only: the model steps after a device's own sync, except overlapped local SGD, whose
+    # averaging follows the step (amortized over the period)
+    out.optimizer_after_sync = not (mode == "local-sgd" and overlap)
     pipe_max = max(periods) if overlap else max(makespans)
     per_param = lsgd_bytes if mode == "local-sgd" and period > 1 else grad_bytes
     alone = 0.0
@@ -513,7 +515,7 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
         alone = max(en for _, _, en in serialize(lambda c: 0.0))
         if mode == "local-sgd" and overlap:
             placed = serialize(lambda c: 0.0)
-            shift = pipe_max  # drawn after the pipelines: averaging follows the step
+            shift = pipe_max + opt_max  # drawn after the pipelines and their steps: averaging follows the step
             out.collectives = [Collective(c.layers, c.devices, c.nbytes, shift, shift + st, shift + en)
                                for c, st, en in placed]
         else:

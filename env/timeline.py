@@ -49,7 +49,7 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
                                    facecolors=COLORS[kind], linewidth=0)
             dev = tr.devices[p][s]
             # the step follows the device's own gradient sync (it was drawn at the schedule's end,
-            # before collectives that ran on), except under local SGD, which averages after it
+            # before collectives that ran on), except under overlapped local SGD, which averages after it
             synced = [c.end for c in tr.collectives if dev in c.devices] if tr.optimizer_after_sync else []
             end = max([ops[-1].end, *synced])
             ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)

@@ -149,9 +149,11 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         if recut is not keep:
             found["recut"] = recut
         # the policy improves a plan that runs; one that no longer fits memory is re-planned instead
-        # (auto beyond the devices the policy plans: the heuristic's options alone)
-        if keep.feasible and ppo is not None and (named.name == "ppo" or (len(cluster) <= MAX_POLICY_DEVICES
-                                                                         and _loads(ppo))):
+        too_many = named.name == "auto" and len(cluster) > MAX_POLICY_DEVICES
+        if too_many:  # the heuristic's options alone, as AutoPlanner plans
+            print(f"spantrain: note: {len(cluster):,} devices, more than the policy plans ({MAX_POLICY_DEVICES:,}): "
+                  "adapting without it", file=sys.stderr)
+        if keep.feasible and ppo is not None and not too_many and (named.name == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing or not keep.feasible:
         found[fresh_planner.name] = candidate_from_plan(ev, plan_with(fresh_planner, cluster, workload, calibration))

@@ -44,6 +44,7 @@ from typing import Any
 from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
+from spantrain.runtime.checkpoint import PLAN_FILE
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.metrics import read_step_records
 
@@ -241,6 +242,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             except SpantrainError as e:
                 raise ExecutionError(f"the new plan cannot run ({e}); the last checkpoint is "
                                      f"{result['checkpoint']} (continue with --resume)") from None
+            if result["checkpoint"] is not None:  # the plan to continue on from here: a resume after a
+                # crash before the new plan's first checkpoint must not go back to the one left
+                plan.save(Path(result["checkpoint"]) / PLAN_FILE)
             calibration = cfg.cost_constants()
             orders, source = run_orders(cluster, workload, plan, calibration)
             cfg = dataclasses.replace(cfg, plan=plan.to_dict(), cluster_spec=cluster.to_spec(),

@@ -7,7 +7,8 @@ Layout of a checkpoint directory ``ROOT``::
         .metadata, *.distcp      DCP: "layers.{i}.{param}" and "optim.layers.{i}.{param}.{step|exp_avg|exp_avg_sq}"
         train_state.json         step, samples consumed, RNG state, plan, hyper-parameters
         meta.json                model architecture and per-layer parameter counts (checked on resume)
-        plan.json                the plan it was trained on, as a plan file (``--plan`` to resume on it)
+        plan.json                the plan to continue on, as a plan file (``--plan`` to resume on it): the
+                                 one it was trained on, or at an ``--adapt`` switch the one switched to
     ROOT/.tmp-step-00000042/     a checkpoint being written (ignored; the next save removes any left by a crash)
 
 Because keys name layers, any plan can load any checkpoint of the same model: each rank
@@ -40,8 +41,9 @@ __all__ = ["FORMAT", "PLAN_FILE", "latest_checkpoint", "damaged", "read_json", "
 FORMAT = 1
 _LATEST = "latest"
 PLAN_FILE = "plan.json"
-"""A plan file: in each checkpoint, the plan it was trained on; in the run directory, the plan
-the run trains on now (rank 0 writes it as each plan starts)."""
+"""A plan file: in each checkpoint, the plan to continue on (the one it was trained on; at an
+`--adapt` switch, the one switched to); in the run directory, the plan the run trains on now
+(rank 0 writes it as each plan starts)."""
 
 
 def _step_dir(step: int) -> str:
@@ -195,7 +197,9 @@ class Checkpointer:
                      storage_writer=dcp.FileSystemWriter(str(tmp)))
         except (Exception, CheckpointException) as e:
             reason = _full_disk(tensors, self.root) or _dcp_reason(e)  # first: removing the parts frees space
-            shutil.rmtree(tmp, ignore_errors=True)  # a part-written one is only in the way (of the space, too)
+            self.barrier()  # DCP failed on every rank: each has judged the disk before any part goes
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # a part-written one is only in the way (of the space, too)
             raise ExecutionError(f"cannot write checkpoint {tmp}: {reason}") from e
         self.barrier()  # every rank's shard is on disk
         if self.rank == 0:

@@ -71,9 +71,9 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     return data
 
 
-_HUGE_INT_BITS = 1000
-_HUGE_INT = (f"holds an integer of more than {int(_HUGE_INT_BITS * math.log10(2))} digits, which no figure of a "
-             "spec, plan or workload is: check the file")
+_HUGE_INT_BITS = 1024
+_HUGE_INT = ("holds an integer beyond the largest float (about 1.8e308), which no figure of a spec, plan or "
+             "workload is: check the file")
 
 
 def _has_huge_int(data: Any) -> bool:

@@ -163,8 +163,9 @@ def _profile_emulated(args: argparse.Namespace) -> int:
         if failed is not None:
             # its last line says why (the devices' output is not relayed); a device that refused its
             # input exits 2, like this command; one that died or hung makes the profile fail (1)
-            last = (failed.stderr.strip().splitlines() or [""])[-1].strip()
-            why = f": {last[:200]}" if last else ""
+            last = (failed.stderr.strip().splitlines() or [""])[-1].strip()[:200]
+            # a killed one wrote no reason: its last line is what it was doing
+            why = "" if not last else f": {last}" if failed.returncode > 0 else f" (its last line: {last})"
             error = ExecutionError if failed.returncode == 2 else RunFailed
             raise error(f"device {failed.device_id} (rank {failed.rank}) {describe_exit(failed.returncode)}{why}")
         if not result.exists():

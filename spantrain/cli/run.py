@@ -224,23 +224,24 @@ def other_optim_note(before: dict[str, Any] | None, now: dict[str, float]) -> st
     return note
 
 
-def _other_plan_note(checkpoint: Path, plan) -> str | None:
-    """A note when a resumed run trains on another plan than the checkpoint was trained on:
+def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None) -> str | None:
+    """A note when a resumed run trains on another plan than the checkpoint's run continued on:
     allowed (a run resumes onto any plan), but after `--adapt` switched plans the command's own
-    --plan is the abandoned one (a resume went back to a 17x slower plan unsaid)."""
+    --plan is the abandoned one (a resume went back to a 17x slower plan unsaid). The plan is
+    the checkpoint's plan file, else (older checkpoints) `trained_on`, its train state's."""
     from spantrain.plan import Plan
     from spantrain.runtime.checkpoint import PLAN_FILE
 
     path = checkpoint / PLAN_FILE
     try:
-        last = Plan.from_file(path)
-    except SpantrainError:  # a checkpoint written before it kept its plan, or not readable: nothing to compare
+        last = Plan.from_file(path) if path.exists() else Plan.from_dict(trained_on) if trained_on else None
+    except SpantrainError:  # not readable: nothing to compare with
         return None
     keys = ("schedule", "sync", "pipelines")
-    if {k: last.to_dict()[k] for k in keys} == {k: plan.to_dict()[k] for k in keys}:
+    if last is None or {k: last.to_dict()[k] for k in keys} == {k: plan.to_dict()[k] for k in keys}:
         return None
-    return (f"resuming on another plan than checkpoint {checkpoint.name} was trained on (e.g. the plan --adapt "
-            f"switched to): pass --plan {path} to continue on that one")
+    how = f"pass --plan {path} to continue on that one" if path.exists() else "its plan is in its train_state.json"
+    return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -431,7 +432,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.resume and (not torchrun or (not own and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
     if args.resume and os.environ.get("RANK", "0") == "0":
-        note = _other_plan_note(Path(state["path"]), plan)
+        note = _other_plan_note(Path(state["path"]), plan, state.get("plan"))
         if note:
             _note(note)
 

@@ -132,6 +132,29 @@ def test_the_timeline_draws_the_optimizer_step_after_the_devices_sync(files, run
             assert max([tr.ops[p][s][-1].end, *own]) in steps
 
 
+def test_under_local_sgd_the_timeline_averages_after_the_steps(files, run_cli, monkeypatch):
+    # the averaging was drawn from the slowest pipeline's end, over the other devices' optimizer steps
+    from matplotlib.axes import Axes
+
+    from spantrain.env.timeline import COLORS
+
+    cluster, plan, tmp = files
+    plan.write_text(json.dumps({**PLAN, "sync": {"mode": "local-sgd", "period": 4}}))
+    bars = []
+    real = Axes.broken_barh
+
+    def spy(self, xranges, yrange, **kwargs):
+        bars.append((list(xranges), kwargs.get("facecolors")))
+        return real(self, xranges, yrange, **kwargs)
+
+    monkeypatch.setattr(Axes, "broken_barh", spy)
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
+    assert code == 0, err
+    steps = [x + w for xranges, color in bars if color == COLORS["optimizer"] for x, w in xranges]
+    averaging = [x for xranges, color in bars if color == COLORS["sync"] for x, _ in xranges]
+    assert steps and averaging and max(steps) <= min(averaging) + 1e-9
+
+
 def test_bad_timeline_paths_are_refused_before_any_work(files, run_cli):
     cluster, plan, tmp = files
     args = ("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline")

@@ -339,3 +339,4 @@ def test_beyond_the_devices_the_policy_plans_ppo_refuses_and_auto_plans_with_the
     running = run_planner("heuristic", cluster, workload).plan
     a = adapt.adapt_plan(cluster, workload, running, planner="auto")
     assert "ppo" not in {o.name for o in a.options}
+    assert "12 devices, more than the policy plans (8): adapting without it" in capsys.readouterr().err

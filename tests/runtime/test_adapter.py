@@ -111,7 +111,8 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     cluster = tmp_path / "cluster.json"
     changer = rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 3, SLOW_WAN)
     code, out, err = spantrain_here(*_run_args(tmp_path, "adapt", steps, "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                               "--adapt", "--adapt-planner", "heuristic", "--track"))
+                                               "--adapt", "--adapt-planner", "heuristic", "--track",
+                                               "--keep-checkpoints", "10"))
     changer.join(1)
     assert code == 0, err
     res = json.loads(out)
@@ -128,6 +129,10 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     assert 3 <= first["final_step"] < steps and res["world_size"] == len(Plan.from_dict(second["plan"]).devices) < 4
     (decision,) = res["adaptations"]
     assert decision["switch"] and decision["chosen"] == "heuristic" and decision["switched_at"] == first["final_step"]
+    # the switch's checkpoint names the plan to continue on, the new one: a resume after a crash
+    # before the new plan's first checkpoint went back to the plan left, without a word
+    switch_ckpt = tmp_path / "ckpt" / f"step-{first['final_step']:08d}"
+    assert json.loads((switch_ckpt / "plan.json").read_text())["pipelines"] == second["plan"]["pipelines"]
     assert decision["iteration_s_kept"] > 100 * decision["iteration_s_new"]
     # each plan's own prediction, on the cluster it was chosen for: the decision's figures
     assert first["predicted_step_s"] == pytest.approx(ref["predicted_step_s"])

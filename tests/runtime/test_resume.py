@@ -35,8 +35,8 @@ def test_resume_onto_another_plan_continues_the_loss_sequence(tmp_path):
                                     "--run-dir", str(tmp_path / "second"), "--checkpoint-dir",
                                     str(tmp_path / "first.ckpt"), "--resume", "--json")
     assert code == 0, err
-    assert (f"note: resuming on another plan than checkpoint step-00000002 was trained on (e.g. the plan --adapt "
-            f"switched to): pass --plan {tmp_path / 'first.ckpt' / 'step-00000002' / 'plan.json'}") in err
+    assert ("note: resuming on another plan than the run of checkpoint step-00000002 continued on: pass --plan "
+            f"{tmp_path / 'first.ckpt' / 'step-00000002' / 'plan.json'} to continue on that one") in err
     second = json.loads(out)
     assert second["start_step"] == 2 and second["final_step"] == 4 and second["world_size"] == 3
     assert second["resumed_from"].endswith("step-00000002")

@@ -301,7 +301,7 @@ def test_torchrun_maps_devices_by_host_and_local_rank(tmp_path):
     _check_exact(result, tmp_path)
 
 
-def test_resuming_on_another_plan_than_the_checkpoint_was_trained_on_says_so(tmp_path):
+def test_resuming_on_another_plan_than_the_checkpoint_continued_on_says_so(tmp_path):
     # after --adapt switched plans, the command's own --plan is the abandoned one: a resume went
     # back to a 17x slower plan without a word
     from spantrain.cli.run import _other_plan_note
@@ -311,12 +311,16 @@ def test_resuming_on_another_plan_than_the_checkpoint_was_trained_on_says_so(tmp
                                                                                                ASYMMETRIC))
     checkpoint = tmp_path / "step-00000004"
     checkpoint.mkdir()
-    assert _other_plan_note(checkpoint, other) is None  # a checkpoint from before it kept its plan
+    assert _other_plan_note(checkpoint, other) is None  # nothing to compare with
+    # a checkpoint from before the plan file: its train state's plan, with no file to name
+    assert _other_plan_note(checkpoint, other, running.to_dict()) == (
+        "resuming on another plan than the run of checkpoint step-00000004 continued on: its plan is in its "
+        "train_state.json")
     running.save(checkpoint / "plan.json")
     assert _other_plan_note(checkpoint, running) is None
-    assert _other_plan_note(checkpoint, other) == (
-        "resuming on another plan than checkpoint step-00000004 was trained on (e.g. the plan --adapt switched to): "
-        f"pass --plan {checkpoint / 'plan.json'} to continue on that one")
+    assert _other_plan_note(checkpoint, other, other.to_dict()) == (  # the file wins: an --adapt switch writes it
+        "resuming on another plan than the run of checkpoint step-00000004 continued on: pass --plan "
+        f"{checkpoint / 'plan.json'} to continue on that one")
     (checkpoint / "plan.json").write_text("{")  # damaged: no note, no error
     assert _other_plan_note(checkpoint, other) is None
 
