@@ -102,28 +102,35 @@ def test_the_timeline_legend_lists_only_what_it_draws(files, run_cli, monkeypatc
     assert "forward F" in labels and "sync collective" in labels and not absent & set(labels), labels
 
 
-def test_the_timeline_draws_the_optimizer_step_after_the_devices_sync(files, run_cli, monkeypatch):
-    # it was drawn at each schedule's end, before the gradient collectives that ran on after it
+def _drawn_bars(run_cli, monkeypatch, cluster, plan, png) -> dict[str, list[tuple[float, float]]]:
+    """`simulate --timeline`'s bars by colour name: (start, width) each."""
     from matplotlib.axes import Axes
 
+    from spantrain.env.timeline import COLORS
+
+    names = {color: name for name, color in COLORS.items()}
+    bars: dict[str, list[tuple[float, float]]] = {}
+    real = Axes.broken_barh
+
+    def spy(self, xranges, yrange, **kwargs):
+        bars.setdefault(names.get(kwargs.get("facecolors")), []).extend(xranges)
+        return real(self, xranges, yrange, **kwargs)
+
+    monkeypatch.setattr(Axes, "broken_barh", spy)
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", png)
+    assert code == 0, err
+    return bars
+
+
+def test_the_timeline_draws_the_optimizer_step_after_the_devices_sync(files, run_cli, monkeypatch):
+    # it was drawn at each schedule's end, before the gradient collectives that ran on after it
     from spantrain.cluster import Cluster
     from spantrain.env.reference import trace
-    from spantrain.env.timeline import COLORS
     from spantrain.plan import Plan
     from spantrain.workload import Workload
 
     cluster, plan, tmp = files
-    bars = []
-    real = Axes.broken_barh
-
-    def spy(self, xranges, yrange, **kwargs):
-        bars.append((list(xranges), kwargs.get("facecolors")))
-        return real(self, xranges, yrange, **kwargs)
-
-    monkeypatch.setattr(Axes, "broken_barh", spy)
-    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
-    assert code == 0, err
-    steps = [x for xranges, color in bars if color == COLORS["optimizer"] for x, _ in xranges]
+    steps = [x for x, _ in _drawn_bars(run_cli, monkeypatch, cluster, plan, tmp / "t.png")["optimizer"]]
     tr = trace(Cluster.from_file(cluster), Workload.from_preset("gpt2-medium"), Plan.from_file(plan))
     assert tr.collectives and max(steps) >= max(c.end for c in tr.collectives)
     for p, stages in enumerate(tr.devices):
@@ -134,24 +141,11 @@ def test_the_timeline_draws_the_optimizer_step_after_the_devices_sync(files, run
 
 def test_under_local_sgd_the_timeline_averages_after_the_steps(files, run_cli, monkeypatch):
     # the averaging was drawn from the slowest pipeline's end, over the other devices' optimizer steps
-    from matplotlib.axes import Axes
-
-    from spantrain.env.timeline import COLORS
-
     cluster, plan, tmp = files
     plan.write_text(json.dumps({**PLAN, "sync": {"mode": "local-sgd", "period": 4}}))
-    bars = []
-    real = Axes.broken_barh
-
-    def spy(self, xranges, yrange, **kwargs):
-        bars.append((list(xranges), kwargs.get("facecolors")))
-        return real(self, xranges, yrange, **kwargs)
-
-    monkeypatch.setattr(Axes, "broken_barh", spy)
-    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", tmp / "t.png")
-    assert code == 0, err
-    steps = [x + w for xranges, color in bars if color == COLORS["optimizer"] for x, w in xranges]
-    averaging = [x for xranges, color in bars if color == COLORS["sync"] for x, _ in xranges]
+    bars = _drawn_bars(run_cli, monkeypatch, cluster, plan, tmp / "t.png")
+    steps = [x + w for x, w in bars["optimizer"]]
+    averaging = [x for x, _ in bars["sync"]]
     assert steps and averaging and max(steps) <= min(averaging) + 1e-9
 
 
