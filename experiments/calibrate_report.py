@@ -65,7 +65,9 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     con = Console(width=None if sys.stdout.isatty() else 150)
-    t = Table(title=f"cost model vs emulated runs ({report['model']}, {report['cpus']:g} cores)", title_justify="left")
+    cores = f"{report['cpus']:g}"
+    cores += " core" if cores == "1" else " cores"
+    t = Table(title=f"cost model vs emulated runs ({report['model']}, {cores})", title_justify="left")
     for col in ("cluster", "plan", "schedule", "sync", "P x S", "batch", "predicted s", "measured s", "error",
                 "uncalibrated s", "error", "run spread"):
         t.add_column(col, justify="left" if col in ("cluster", "plan", "schedule", "sync") else "right")

@@ -251,7 +251,8 @@ class EmulatedCluster:
                  f"{' (kernel shaping)' if emu.kernel_shaping else ' (no kernel shaping: transport only)'}"]
         if self.cpu_limited:
             total = sum(d.tflops for d in self.cluster.devices)
-            lines.append(f"emulator: CPU quota {sum(self.shares):.4g} cores over {total:g} spec TFLOP/s = "
+            cores = f"{sum(self.shares):.4g}"
+            lines.append(f"emulator: CPU quota {cores} core{'' if cores == '1' else 's'} over {total:g} spec TFLOP/s = "
                          f"{self.cores_per_tflops:.4g} cores per TFLOP/s (periods {min(self.period_us) / 1e3:g}-"
                          f"{max(self.period_us) / 1e3:g} ms); every device "
                          f"is slowed by the same factor, spec-seconds = real-seconds x (real TFLOP/s / spec TFLOP/s)")

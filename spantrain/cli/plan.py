@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from spantrain._spec import plural
+from spantrain._spec import plural, readable
 from spantrain.cli._common import (
     add_calibration_arg,
     add_cluster_arg,
@@ -240,13 +240,13 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
         for s, st in enumerate(pipe.stages):
             d = cluster.device(st.device)
             need = est.peak_memory_gb.get(st.device, 0.0)
-            mem = f"{need:.1f} / {d.memory_gb:g}"
+            mem = f"{need:.1f} / {readable(d.memory_gb)}"  # a profiled spec's figures carry 6 digits
             first = s == 0
             t.add_row(str(p) if first else "",
                       # size x count, as `simulate` prints it
                       f"{pipe.micro_batch_size} x {pipe.num_micro_batches}" if first else "",
                       f"{est.pipeline_period_s[p]:.4g}" if first else "",
-                      str(s), st.device, d.region, f"{d.tflops:g}",
+                      str(s), st.device, d.region, readable(d.tflops),
                       f"[{st.layers[0]}, {st.layers[1]}) ({st.num_layers})",
                       f"[bold red]{mem}[/]" if need > d.memory_gb else mem,
                       end_section=s == len(pipe.stages) - 1 and len(pipe.stages) > 1)

@@ -83,7 +83,7 @@ def test_plan_devices_are_the_ranks_with_their_whole_cluster_quotas(tmp_path, no
     assert result["world_size"] == 2
     start = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])
     assert start["event"] == "start" and start["devices"] == {"0": "b-1", "1": "a-0"}
-    assert "emulator: CPU quota 1 cores over 2 spec TFLOP/s = 0.5 cores per TFLOP/s" in err
+    assert "emulator: CPU quota 1 core over 2 spec TFLOP/s = 0.5 cores per TFLOP/s" in err
     assert "2 devices, mode netns" in err
 
 
