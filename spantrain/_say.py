@@ -29,7 +29,7 @@ def _first_to_say(line: str) -> bool:
     marker file, created exclusively, in the attempt's directory that torchrun shares among
     its local processes (`<log_dir>/<run_id>/attempt_<n>/<local_rank>/error.json`)."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not error_file:
+    if not error_file or _to_own_log(Path(error_file).parent):  # `torchrun --redirects/--tee`: its own log
         return True
     digest = hashlib.sha1(line.encode()).hexdigest()[:16]
     marker = Path(error_file).parent.parent / f"spantrain-said-{digest}"
@@ -40,3 +40,12 @@ def _first_to_say(line: str) -> bool:
     except OSError:  # no shared directory to coordinate in: say it
         pass
     return True
+
+
+def _to_own_log(rank_dir: Path) -> bool:
+    """Whether stderr is this rank's own log file, which torchrun's ``--redirects``/``--tee`` put in
+    the rank's directory beside its error file, not a terminal or file the ranks share."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{sys.stderr.fileno()}")).parent == rank_dir
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test's capture), no /proc
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -428,3 +429,18 @@ def test_an_empty_path_is_refused(run_cli, args):
     args = [str(ROOT / "examples" / "cee-demo.yaml") if a == "C" else a for a in args]
     code, out, err = run_cli(*args)
     _one_line_error(code, out, err, ": an empty path: give a file or directory name")
+
+
+def test_with_torchrun_redirects_every_rank_log_keeps_its_error(tmp_path):
+    # torchrun --redirects/--tee gives each rank its own log beside its error file: the line a
+    # rank shares with another local rank was missing from the log of the one that said it second
+    attempt = tmp_path / "run-id" / "attempt_0"
+    for rank in (0, 1):
+        (attempt / str(rank)).mkdir(parents=True)
+        with open(attempt / str(rank) / "stderr.log", "w") as log:
+            env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(attempt / str(rank) / "error.json"),
+                   "RANK": str(rank), "WORLD_SIZE": "2"}
+            subprocess.run([sys.executable, "-c", "from spantrain._say import say; say('spantrain run: error: x')"],
+                           stderr=log, env=env, check=True, timeout=60)
+    assert (attempt / "0" / "stderr.log").read_text() == "spantrain run: error: x\n"
+    assert (attempt / "1" / "stderr.log").read_text() == "[rank 1] spantrain run: error: x\n"
