@@ -112,4 +112,4 @@ def _the_others(results, failed) -> str:
         return "the other devices ended on their own"
     if stopped == len(others):
         return "the other devices were stopped"
-    return f"{stopped} of the other {len(others)} were stopped"
+    return f"{stopped} of the other {len(others)} {'was' if stopped == 1 else 'were'} stopped"

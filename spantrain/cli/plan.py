@@ -215,8 +215,8 @@ def _print_adaptation(a, output: str | None) -> None:
     elif a.switch:
         keep, new = a.option("keep"), a.option(a.chosen)
         if math.isfinite(keep.total_s):
-            con.print(f"decision   switch to the {a.chosen} plan: done {keep.total_s - new.total_s:.4g} s sooner, "
-                      "migration included")
+            sooner = readable(keep.total_s - new.total_s)
+            con.print(f"decision   switch to the {a.chosen} plan: done {sooner} s sooner, migration included")
         else:
             con.print(f"decision   switch to the {a.chosen} plan: the running plan no longer fits memory here")
         con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")

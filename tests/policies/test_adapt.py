@@ -128,6 +128,11 @@ def test_plan_from_cli(run_cli, tmp_path, running, monkeypatch):
     code, out, err = run_cli("plan", "-c", spec, "-m", "gpt2-medium", "--from", plan_file, "--remaining-steps", "10")
     assert code == 0, err
     assert "keep the running plan" in out and "10 iterations to go" in out
+    code, out, err = run_cli("plan", "-c", spec, "-m", "gpt2-medium", "--from", plan_file,
+                             "--remaining-steps", "500000")
+    assert code == 0, err
+    (decision,) = [line for line in out.splitlines() if line.startswith("decision ")]
+    assert decision.endswith(" s sooner, migration included") and "e+" not in decision  # was "3.347e+04 s"
 
 
 @pytest.mark.parametrize("args, needle", [

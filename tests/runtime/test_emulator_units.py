@@ -401,7 +401,7 @@ def test_devices_that_all_failed_on_their_own_are_not_said_to_be_stopped():
     results = ended(False, True, True)
     assert _the_others(results, results[0]) == "the other devices were stopped"
     results = ended(False, False, True)
-    assert _the_others(results, results[0]) == "1 of the other 2 were stopped"
+    assert _the_others(results, results[0]) == "1 of the other 2 was stopped"
     results = ended(False)
     assert _the_others(results, results[0]) == "it was the only device"
     # every device stopped (first_failure then takes one of them): it is not one of "the others";
@@ -409,7 +409,7 @@ def test_devices_that_all_failed_on_their_own_are_not_said_to_be_stopped():
     results = ended(True, True, True)
     assert _the_others(results, results[1]) == "the other devices were stopped"
     results = ended(True, False, True)
-    assert _the_others(results, results[0]) == "1 of the other 2 were stopped"
+    assert _the_others(results, results[0]) == "1 of the other 2 was stopped"
 
 
 def test_a_timeout_exits_124_not_as_bad_input(run_cli, tmp_path, monkeypatch):
