@@ -38,7 +38,7 @@ from spantrain.errors import PlanError, PolicyError
 from spantrain.plan import Plan
 from spantrain.planner import plan_with
 from spantrain.policies.cuts import refine_cuts
-from spantrain.policies.ppo import MAX_POLICY_DEVICES
+from spantrain.policies.ppo import past_policy_size
 from spantrain.workload import Workload
 
 __all__ = ["Option", "Adaptation", "candidate_from_plan", "adapt_plan", "DEFAULT_REMAINING_STEPS"]
@@ -149,10 +149,8 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
         if recut is not keep:
             found["recut"] = recut
         # the policy improves a plan that runs; one that no longer fits memory is re-planned instead
-        too_many = named.name == "auto" and len(cluster) > MAX_POLICY_DEVICES
-        if too_many:  # the heuristic's options alone, as AutoPlanner plans
-            print(f"spantrain: note: {len(cluster):,} devices, more than the policy plans ({MAX_POLICY_DEVICES:,}): "
-                  "adapting without it", file=sys.stderr)
+        # the heuristic's options alone, as AutoPlanner plans
+        too_many = named.name == "auto" and past_policy_size(len(cluster), "adapting without it")
         if keep.feasible and ppo is not None and not too_many and (named.name == "ppo" or _loads(ppo)):
             found["ppo"] = ppo.improve(env.scenario, horizon=H)
     if fresh_planner.name != "ppo" or missing or not keep.feasible:

@@ -43,7 +43,8 @@ from spantrain.policies.cuts import refine_cuts
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "MAX_POLICY_DEVICES", "load_policy",
-           "save_policy", "load_value_head", "load_failure", "improve", "default_samples", "check_policy_size"]
+           "save_policy", "load_value_head", "load_failure", "improve", "default_samples", "check_policy_size",
+           "past_policy_size"]
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "assets" / "ppo-policy.pt"
 _FORMAT = 1
@@ -209,6 +210,16 @@ def check_policy_size(devices: int) -> None:
                           f"{devices:,} (its moves grow with the square of the devices): use --planner heuristic")
 
 
+def past_policy_size(devices: int, doing: str) -> bool:
+    """Whether `auto` goes without the policy on a cluster this large (`MAX_POLICY_DEVICES`),
+    saying so: a note, not the warning of a policy that failed."""
+    if devices <= MAX_POLICY_DEVICES:
+        return False
+    print(f"spantrain: note: {devices:,} devices, more than the policy plans ({MAX_POLICY_DEVICES:,}): {doing}",
+          file=sys.stderr)
+    return True
+
+
 def default_samples(devices: int) -> int:
     """Sampled rollouts for a cluster: 4 at training sizes (up to 32 devices), 1 beyond.
     A rollout's steps cost about linearly in devices, and beyond 32 the heuristic start
@@ -347,9 +358,7 @@ class AutoPlanner:
         from spantrain.policies.heuristic import HeuristicPlanner
 
         heuristic = HeuristicPlanner().best_candidate(ev)
-        if len(ev.cluster) > MAX_POLICY_DEVICES:  # the heuristic's plan, not an error: auto is the default
-            print(f"spantrain: note: {len(ev.cluster):,} devices, more than the policy plans "
-                  f"({MAX_POLICY_DEVICES:,}): using the heuristic plan", file=sys.stderr)
+        if past_policy_size(len(ev.cluster), "using the heuristic plan"):  # not an error: auto is the default
             self.stats = {"chosen": "heuristic", "fallback": "too many devices for the policy"}
             return heuristic
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -237,8 +238,7 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None) -> 
         last = Plan.from_file(path) if path.exists() else Plan.from_dict(trained_on) if trained_on else None
     except SpantrainError:  # not readable: nothing to compare with
         return None
-    keys = ("schedule", "sync", "pipelines")
-    if last is None or {k: last.to_dict()[k] for k in keys} == {k: plan.to_dict()[k] for k in keys}:
+    if last is None or dataclasses.replace(last, predicted=None) == dataclasses.replace(plan, predicted=None):
         return None
     how = f"pass --plan {path} to continue on that one" if path.exists() else "its plan is in its train_state.json"
     return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"

@@ -327,7 +327,6 @@ def test_beyond_the_devices_the_policy_plans_ppo_refuses_and_auto_plans_with_the
     from spantrain.profiler.topology import generate
 
     monkeypatch.setattr(ppo, "MAX_POLICY_DEVICES", 8)
-    monkeypatch.setattr(adapt, "MAX_POLICY_DEVICES", 8)
     cluster, workload = generate(12, 0, "cee"), Workload.from_preset("gpt2-small")
     with pytest.raises(PolicyError, match=r"^the policy plans clusters of up to 8 devices, this one has 12 .*: use "
                                           r"--planner heuristic$"):
