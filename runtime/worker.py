@@ -177,6 +177,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                local_rank=rank if local else int(os.environ.get("LOCAL_RANK", "0")),
                                local_world=local_world, local=local)
     transport.install()
+    metrics = tracker = None
     try:
         if local:
             rank_of, how = resolve_ranks(plan, cluster, world_size, None, cfg.rank_map)
@@ -229,7 +230,6 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             stream = SampleStream(load_tokens(cfg.data), seq_len=workload.seq_len, seed=seed,
                                   vocab_size=arch.vocab_size, masked_lm=arch.family == "bert")
 
-        metrics = tracker = None
         if rank == 0:
             from spantrain.tracking import Tracker
 
@@ -374,6 +374,16 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             tracker.finish()
         _write_json(Path(cfg.run_dir) / "result.json", result)
         return result
+    except BaseException:
+        # a failed run still closes its metrics and ends its W&B run, marked failed: the worker
+        # ends by os._exit, which skips wandb's own exit handler
+        if metrics is not None:
+            with contextlib.suppress(Exception):
+                metrics.close()
+        if tracker is not None:
+            with contextlib.suppress(Exception):
+                tracker.finish(exit_code=1)
+        raise
     finally:
         transport.close()
 

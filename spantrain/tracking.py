@@ -231,9 +231,10 @@ class Tracker:
             return str(Path(self.run.dir).parent)
         return self.run.url or str(Path(self.run.dir).parent)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int | None = None) -> None:
+        """End the W&B run (`exit_code` nonzero marks it failed) and restore the environment."""
         if self.run is not None:
-            self.run.finish()
+            self.run.finish(exit_code=exit_code)
             self.run = None
         for key in self._set_env:
             os.environ.pop(key, None)
@@ -242,8 +243,8 @@ class Tracker:
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.finish()
+    def __exit__(self, exc_type, *exc: object) -> None:
+        self.finish(exit_code=None if exc_type is None else 1)
 
 
 def remove_import_temp_dirs() -> None:

@@ -167,7 +167,7 @@ def _alive(pid: int) -> bool:
 def test_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
     args = _run_args(tmp_path, plan("1f1b", "hierarchical", ASYMMETRIC), "--steps", "100000",
-                     "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3", "--run-dir", str(run_dir))
+                     "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3", "--run-dir", str(run_dir), "--track")
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -186,6 +186,9 @@ def test_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     assert "--resume" in line
     assert stopped_after < 15, f"the run took {stopped_after:.1f} s to stop"
     assert not any(_alive(w["pid"]) for w in workers), "a worker outlived the run"
+    # rank 0 ended its W&B run, marked failed (the worker's os._exit skips wandb's exit handler)
+    (log,) = (run_dir / "wandb" / "wandb").glob("offline-run-*/logs/debug.log")
+    assert "got exitcode: 1" in log.read_text()
 
     last = json.loads((ckpt / (ckpt / "latest").read_text().strip() / "train_state.json").read_text())["step"]
     code, out, err = spantrain_here(*_run_args(tmp_path, plan("1f1b", "hierarchical", ASYMMETRIC), "--steps",
