@@ -155,14 +155,18 @@ class DeviceProcess:
         return code
 
     def signal(self, sig: int) -> None:
-        """Send `sig` to the device's whole process group."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
+        """Send `sig` to the device's whole process group, also once its first process has
+        ended: what it started in the background may live on. (The group's id stays reserved
+        while any member lives, so this reaches no one else.)"""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
 
     def result(self) -> DeviceResult:
         code = self.popen.wait()
         self.poll()
+        # a device ends with its command: what that left running would hold the output pipes
+        # open (the pumps waited 5 s each for it) and outlive the emulator
+        self.signal(signal.SIGKILL)
         for p in self._pumps:
             p.join(timeout=5)
         if self._log:
@@ -182,7 +186,7 @@ def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM, grace_
     deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in running) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for p in running:
+    for p in procs:  # the devices that had ended too: what they started may still run
         p.signal(signal.SIGKILL)
 
 

@@ -289,6 +289,34 @@ def test_first_failure_stops_the_others_in_local_mode(cluster, tmp_path, monkeyp
     assert all(r.stopped and r.returncode != 0 for k, r in enumerate(results) if k != 1)
 
 
+def test_what_a_device_left_running_ends_with_it(cluster, tmp_path, monkeypatch):
+    """A device's background processes (outside cgroups, nothing else would stop them) end when
+    it does, failed or not; they held its output pipes open, which cost 5 s a pipe."""
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = f"sleep 300 & echo $! > {pids}/$RANK; if [ $RANK = 0 ]; then exit 3; else sleep 30; fi"
+    t0 = time.monotonic()
+    with EmulatedCluster(cluster, mode="local", cpu_limits=False) as emu:
+        results = emu.run(["sh", "-c", script], echo=False)
+    assert time.monotonic() - t0 < 5
+    assert results[0].returncode == 3 and all(r.stopped for r in results[1:])
+    left = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(left) == len(results)
+    deadline = time.monotonic() + 2  # SIGKILL is sent, not waited for
+    while any(_running(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in left if _running(pid)], "a device's background process outlived it"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_a_second_ctrl_c_while_devices_stop_kills_them(cluster, tmp_path, monkeypatch):
     # Devices that take their time over SIGINT (these ignore it); the user presses Ctrl-C again
     # during the grace. Outside namespaces and cgroups nothing else would ever stop them.
