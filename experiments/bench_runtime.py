@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from spantrain.experiments._args import bad_input
+from spantrain.runtime.config import MAX_THREADS
 
 __all__ = ["bench_cluster", "bench_plan", "main"]
 
@@ -59,10 +60,6 @@ def bench_plan(stages: int, batch: int, micro_batches: int, schedule: str, n_lay
             "pipelines": [{"micro_batch_size": batch // micro_batches, "num_micro_batches": micro_batches,
                            "stages": [{"devices": [f"cpu-{i}"], "layers": [cuts[i], cuts[i + 1]]}
                                       for i in range(stages)]}]}
-
-
-MAX_THREADS = 256
-"""Most torch threads per process the benchmark takes."""
 
 
 def _run(tmp: Path, name: str, model: str, plan: dict[str, Any], steps: int, seed: int, threads: int,
@@ -98,7 +95,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
                                ("--micro-batches", args.micro_batches, 1), ("--threads", args.threads, 1)):
         if value < least:  # --steps: the first iterations are warm-up
             raise SpantrainError(f"{flag} must be at least {least}, got {value}")
-    if args.threads > MAX_THREADS:  # 100,000 threads crashed the workers without a word
+    if args.threads > MAX_THREADS:
         raise SpantrainError(f"--threads must be at most {MAX_THREADS}, got {args.threads}")
     check_seed(args.seed)
     model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model

@@ -8,30 +8,54 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
+from spantrain.errors import ExecutionError
 from spantrain.plan import Plan
 from spantrain.workload import Workload, load_workload
 
-__all__ = ["OptimConfig", "RunConfig", "INITIAL_LOSS_SCALE"]
+__all__ = ["OptimConfig", "RunConfig", "INITIAL_LOSS_SCALE", "MAX_THREADS"]
 
 INITIAL_LOSS_SCALE = 2.0**16
 """fp16's first loss scale, torch `GradScaler`'s: typical gradients neither underflow nor overflow."""
 
 
-@dataclass(frozen=True)
+MAX_THREADS = 256
+"""The most torch CPU threads a worker may ask for: 100,000 crashed the workers, and a few
+thousand made an iteration take minutes."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     """AdamW hyper-parameters (constant learning rate)."""
 
     lr: float = 1e-3
+    """Learning rate (> 0)."""
     weight_decay: float = 0.1
+    """Decoupled weight decay of matrices and embeddings (>= 0; times `lr` below 1, since AdamW
+    shrinks those weights by `lr * weight_decay` each step)."""
     beta1: float = 0.9
+    """Decay of the first-moment estimate, in [0, 1)."""
     beta2: float = 0.95
+    """Decay of the second-moment estimate, in [0, 1)."""
     eps: float = 1e-8
+    """Added to the second moment's square root (> 0)."""
+
+    def __post_init__(self) -> None:
+        checks = {"lr": self.lr > 0, "weight_decay": self.weight_decay >= 0, "beta1": 0 <= self.beta1 < 1,
+                  "beta2": 0 <= self.beta2 < 1, "eps": self.eps > 0}
+        for name, ok in checks.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok:
+                raise ExecutionError(f"optim.{name} is out of range: {value!r} (see OptimConfig.{name})")
+        if self.lr * self.weight_decay >= 1:
+            raise ExecutionError(f"optim.weight_decay times optim.lr must be below 1, got {self.weight_decay:g} x "
+                                 f"{self.lr:g}: AdamW would flip the weights' sign")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,23 +63,35 @@ class RunConfig:
     """One training run: inputs, hyper-parameters and where things go."""
 
     cluster_spec: dict[str, Any]
+    """The cluster spec as parsed (`Cluster.from_spec`), so every worker reads the same one."""
     model: str
     """Preset name or absolute path of a workload file."""
     global_batch: int | None
+    """Overrides the workload's global batch (None: the workload's own)."""
     plan: dict[str, Any]
+    """The plan to train on, as in its file (`Plan.from_dict`)."""
     steps: int
     """Train until this many iterations in total (a resumed run continues up to it)."""
     seed: int = 0
+    """Seeds the model's initialization and the order of samples."""
     optim: OptimConfig = OptimConfig()
+    """AdamW's settings."""
     data: str | None = None
+    """A text file to train on (None: the built-in corpus)."""
     run_dir: str
+    """Where the run writes its plan, result, logs and W&B files."""
     metrics_path: str
+    """The per-iteration metrics file (JSON lines)."""
     checkpoint_dir: str | None = None
+    """Where checkpoints go (None: no checkpoints)."""
     checkpoint_every: int = 0
     """Checkpoint every K iterations (0: only at the end and on a clean stop)."""
     keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
     resume: bool = False
+    """Continue from the latest complete checkpoint in `checkpoint_dir`."""
     track: bool = False
+    """Log to W&B (offline unless the user is logged in)."""
     wandb_id: str | None = None
     """The W&B run this launch logs to: the same for every launch of one job (its ``--adapt``
     plans, a ``--resume``), so W&B shows the job as one run; None: a new run."""
@@ -64,12 +100,14 @@ class RunConfig:
     timeout_s: float = 300.0
     """Process-group timeout: a collective or transfer that waits longer fails the run."""
     rank_map: str | None = None
+    """A file mapping plan devices to ranks (`spantrain.runtime.rankmap`; None: plan order)."""
     launcher_pid: int | None = None
     """Local runs: workers exit if this process disappears (no orphans)."""
     zb_orders: list[list[list[list[Any]]]] | None = None
     """Zero-bubble schedules: per pipeline, per stage, the [op, micro-batch] order, computed once
     before launch (None: each worker computes it)."""
     zb_order_source: str | None = None
+    """Where `zb_orders` came from, for the run's records."""
     threads: int | None = None
     """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
     adaptation: dict[str, Any] | None = None

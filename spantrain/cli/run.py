@@ -36,6 +36,7 @@ from spantrain.cli._common import (
     print_json,
 )
 from spantrain.errors import ExecutionError, RunFailed, SpantrainError
+from spantrain.runtime.config import MAX_THREADS
 
 __all__ = ["register", "ADAPT_CHECKPOINT_EVERY", "other_data_note", "other_optim_note"]
 
@@ -144,12 +145,15 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ExecutionError(f"--keep-checkpoints must be >= 1, got {args.keep_checkpoints}")
     check_finite("--lr", args.lr, "> 0", args.lr > 0)
     check_finite("--weight-decay", args.weight_decay, ">= 0", args.weight_decay >= 0)
+    if args.lr * args.weight_decay >= 1:  # AdamW scales the weights by 1 - lr * weight decay each step
+        raise ExecutionError(f"--weight-decay times --lr must be below 1 (AdamW shrinks the weights by that "
+                             f"fraction each step), got {args.weight_decay:g} x {args.lr:g}: lower --weight-decay")
     check_finite("--adam-eps", args.adam_eps, "> 0", args.adam_eps > 0)
     check_seed(args.seed)
     if args.loss_scale is not None:
         check_finite("--loss-scale", args.loss_scale, "in [1, 2^40]", 1 <= args.loss_scale <= 2.0**40)
-    if args.threads is not None and args.threads < 1:
-        raise ExecutionError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise ExecutionError(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}")
     check_finite("--timeout", args.timeout, f"of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}]",
                   MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S)
     if args.checkpoint_every and not args.checkpoint_dir:

@@ -78,6 +78,11 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
     (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
     (["--adam-eps", "inf"], "--adam-eps must be a finite number > 0, got inf"),
+    # AdamW would flip the weights' sign; the run diverged, and its note blamed --lr
+    (["--weight-decay", "1e308"], "--weight-decay times --lr must be below 1 (AdamW shrinks the weights by that "
+                                  "fraction each step), got 1e+308 x 0.001: lower --weight-decay"),
+    # 100,000 gave "worker rank 0 ... exited with code 1", a failed run (exit 1), not bad input
+    (["--threads", "100000"], "--threads must be from 1 to 256, got 100000"),
     (["--timeout", "inf"], "--timeout must be a finite number of seconds in [1, 604800], got inf"),
     # gloo aborted the workers below a second ("killed by SIGABRT")
     (["--timeout", "0.001"], "--timeout must be a finite number of seconds in [1, 604800], got 0.001"),
