@@ -59,7 +59,7 @@ class Option:
     """Seconds to move state to the devices that need it (0 for ``keep``, and 0 when a
     device left: the state then comes from the checkpoint, not modelled)."""
     total_s: float
-    """remaining steps x `iteration_s` + `migration_s` (`iteration_s` alone when a device left)."""
+    """remaining steps x `iteration_s` + `migration_s`."""
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON takes it: a plan that does not fit has no time (None, not inf)."""
@@ -125,7 +125,8 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
     if isinstance(remaining_steps, bool) or not isinstance(remaining_steps, int) or remaining_steps < 1:
         raise PlanError([f"remaining steps must be a positive integer, got {remaining_steps!r}"])
     problems = running.problems(None, workload)
-    if running.batch != workload.global_batch:
+    # only a valid plan has a batch (a micro-batch field may be a string), and only then is a hint right
+    if not problems and running.batch != workload.global_batch:
         problems.append(f"the running plan's batch is {running.batch} samples but the workload's global batch is "
                         f"{workload.global_batch} (pass --global-batch {running.batch})")
     if problems:
@@ -158,7 +159,7 @@ def adapt_plan(cluster: Cluster, workload: Workload, running: Plan, *, remaining
     options = []
     for name, cand in found.items():
         migration = 0.0 if env is None or name == "keep" else env.migration_s(cand)
-        total = cand.time if missing else H * cand.time + migration
+        total = H * cand.time + migration
         options.append(Option(name=name, iteration_s=float(cand.time), migration_s=float(migration),
                               total_s=float(total)))
     best = min(options, key=lambda o: (o.total_s, o.name != "keep"))  # ties keep the running plan

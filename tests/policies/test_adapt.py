@@ -73,6 +73,8 @@ def test_departed_device_plans_afresh(running):
     assert a.missing == ("west-3",) and a.switch
     assert "keep" not in [o.name for o in a.options]
     a.plan.validate(after, W)
+    (fresh,) = a.options  # the remaining steps' time, as every other option's (it was one iteration's)
+    assert fresh.total_s == pytest.approx(500 * fresh.iteration_s)
 
 
 @pytest.mark.parametrize("planner", ["auto", "ppo", "heuristic"])
@@ -97,6 +99,14 @@ def test_running_plan_that_does_not_match_the_workload(running):
         adapt_plan(after, W.with_global_batch(32), running)
     with pytest.raises(PlanError, match="remaining steps must be a positive integer"):
         adapt_plan(after, W, running, remaining_steps=0)
+    # an invalid micro-batch is named, with no batch to pass (a string one was a TypeError traceback,
+    # a negative one suggested "--global-batch -8")
+    for bad in ("8", -2, None):
+        broken = Plan.from_dict({**running.to_dict(), "pipelines": [{**running.to_dict()["pipelines"][0],
+                                                                      "micro_batch_size": bad}]})
+        with pytest.raises(PlanError, match="micro_batch_size must be a positive integer") as e:
+            adapt_plan(after, W, broken)
+        assert "--global-batch" not in str(e.value)
 
 
 def _spec_file(tmp_path, cluster, name):
