@@ -32,7 +32,7 @@ from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.feasibility import no_fit_error
+from spantrain.policies.feasibility import memory_floor, no_fit_error
 from spantrain.workload import Workload
 
 __all__ = ["GeneticConfig", "GeneticPlanner", "MAX_BUDGET_S"]
@@ -72,6 +72,17 @@ class GeneticConfig:
             raise PlannerError(f"ga: max_generations must be a positive integer or None, got {g!r}")
 
 
+_FLOOR_WORK = 2_000_000
+"""Most stage-memory evaluations the up-front memory check may take (`memory_floor` does
+stages x layers^2 / 2): a cluster and model this large go straight to the search."""
+
+
+def _fits_nowhere(model, n: int) -> bool:
+    """Whether even the best cut over all `n` devices overflows the largest one (then no plan fits)."""
+    L = model.num_layers
+    return min(n, L) * L * L <= _FLOOR_WORK and memory_floor(model, n) > float(model.capacity_bytes.max())
+
+
 @dataclass(frozen=True)
 class _Genome:
     perm: tuple[int, ...]
@@ -100,6 +111,8 @@ class GeneticPlanner:
         t0 = time.perf_counter()
         rng = np.random.default_rng(cfg.seed)
         n = len(ev.cluster)
+        if _fits_nowhere(ev.model, n):  # say so now, not after the whole budget
+            raise no_fit_error(ev.model, self.name)
         self._n = n
         self._L = ev.model.num_layers
         self._B = ev.batch

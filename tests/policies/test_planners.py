@@ -142,6 +142,15 @@ def test_model_that_fits_nowhere_is_a_clear_error(name):
     assert "llama2-7b" in msg and "largest device" in msg and "12.0 GB" in msg and "add devices" in msg
 
 
+def test_ga_says_at_once_that_a_model_fits_nowhere():
+    """Without a search: ga spent its whole budget (10 s by default) before saying so."""
+    cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
+    planner = get_planner("ga", budget_s=600)
+    with pytest.raises(PlannerError, match="fits nowhere"):
+        planner.plan(cluster, Workload.from_preset("llama2-7b"))
+    assert not planner.stats  # no generation ran
+
+
 @pytest.mark.parametrize("name", ["ddp", "gpipe", "megatron"])
 def test_baselines_return_their_plan_marked_infeasible(name):
     cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
