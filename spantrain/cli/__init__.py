@@ -44,6 +44,19 @@ class _Parser(argparse.ArgumentParser):
         _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
         self.exit(2)
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        # a command's parser names its own mistakes: argparse handed them up to `spantrain`,
+        # whose error pointed at `spantrain --help`, which lists no command's options
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "spantrain":
+            import difflib
+
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            near = next((m for x in extras if x.startswith("--")
+                         for m in difflib.get_close_matches(x.split("=")[0], options, n=1, cutoff=0.8)), None)
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {near}?)" if near else ""))
+        return parsed, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     from spantrain import __version__

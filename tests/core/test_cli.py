@@ -157,6 +157,16 @@ def test_bad_arguments(run_cli):
     _one_line_error(code, out, err, "invalid int value")
 
 
+def test_an_unknown_option_is_named_by_its_command_with_the_nearest_one(run_cli):
+    # it was `spantrain: error: ... (see spantrain --help)`, whose help lists no command's options
+    code, out, err = run_cli("plan", "--cluster", "c.yaml", "--model", "tiny-gpt", "--planners", "heuristic")
+    assert err == "spantrain plan: error: unrecognized arguments: --planners heuristic (did you mean --planner?) " \
+                  "(see spantrain plan --help)\n" and code == 2 and out == ""
+    code, _, err = run_cli("topo", "show", "c.yaml", "--bogus")
+    assert err == "spantrain topo show: error: unrecognized arguments: --bogus (see spantrain topo show --help)\n"
+    assert run_cli("--bogus")[2] == "spantrain: error: unrecognized arguments: --bogus (see spantrain --help)\n"
+
+
 def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")
