@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spantrain._spec import write_text_atomic
 from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
@@ -216,10 +217,31 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     first_step = _checkpoint_step(latest_checkpoint(cfg.checkpoint_dir)) if cfg.resume and cfg.checkpoint_dir else 0
     segments: list[dict[str, Any]] = []
     written = 0
+    resumed_from = None  # the first launch's: the later ones resume from the switches' checkpoints
+
+    def whole_run(result: dict[str, Any]) -> dict[str, Any]:
+        # steps: the whole run's (the last plan's result counted its own only); step_s, samples_per_s:
+        # the last plan's, each plan's in segments
+        losses = _losses(cfg.metrics_path, first_step, result["final_step"])
+        return {**result, "steps": len(losses), "start_step": first_step, "losses": losses,
+                "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+                "resumed_from": resumed_from, "adaptations": adapter.records, "segments": segments,
+                "skipped_steps": _skipped(cfg.metrics_path, first_step, result["final_step"])}
+
     try:
         while True:
             try:
                 result = launch(cfg, adapter)
+            except KeyboardInterrupt:
+                # the workers stopped and wrote their plan's result: the one the command reports is the whole run's
+                partial = Path(cfg.run_dir) / "result.json"
+                if partial.exists():
+                    result = json.loads(partial.read_text())
+                    if not segments:
+                        resumed_from = result.get("resumed_from")
+                    segments.append(_segment(result))
+                    _write_result(cfg, whole_run(result))
+                raise
             except StopTimedOut as e:
                 latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
                 step = _checkpoint_step(latest)
@@ -230,8 +252,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                           "checkpoint": str(latest) if latest else None, "predicted_step_s": cfg.predicted_step_s,
                           "prediction_calibration": cfg.prediction_calibration,
                           "prediction_comparable": cfg.prediction_comparable}
-            segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s",
-                                                    "predicted_step_s")})
+            if not segments:
+                resumed_from = result.get("resumed_from")
+            segments.append(_segment(result))
             switch = adapter.take_switch()
             if switch is None or not result["stopped_early"]:
                 break
@@ -261,13 +284,19 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
         _log_decisions(cfg.metrics_path, adapter.records, written)
     if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
         _track_decisions(cfg, adapter.records)
-    losses = _losses(cfg.metrics_path, first_step, result["final_step"])
-    # steps: the whole run's (the last plan's result counted its own only); step_s, samples_per_s:
-    # the last plan's, each plan's in segments
-    return {**result, "steps": len(losses), "start_step": first_step, "losses": losses,
-            "loss_first": losses[0] if losses else None,
-            "loss_last": losses[-1] if losses else None, "adaptations": adapter.records, "segments": segments,
-            "skipped_steps": _skipped(cfg.metrics_path, first_step, result["final_step"])}
+    whole = whole_run(result)
+    _write_result(cfg, whole)  # RUN_DIR/result.json held the last plan's part alone
+    return whole
+
+
+def _write_result(cfg: RunConfig, result: dict[str, Any]) -> None:
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # removed mid-run: the training is done
+    write_text_atomic(Path(cfg.run_dir) / "result.json", json.dumps(result, indent=1) + "\n")
+
+
+def _segment(result: dict[str, Any]) -> dict[str, Any]:
+    """One plan's part of an adapting run."""
+    return {k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s", "predicted_step_s")}
 
 
 def _checkpoint_step(path: Path | None) -> int:

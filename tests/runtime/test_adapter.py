@@ -124,6 +124,11 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
     assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
     assert res["steps"] == steps  # was the last plan's alone
+    # the run directory's result is the whole run's too, not the last plan's (it said "resumed from")
+    machine = ("cpu_cores", "oversubscribed", "emulated")  # what the command adds to the file's result
+    assert json.loads((tmp_path / "adapt" / "result.json").read_text()) == {k: v for k, v in res.items()
+                                                                          if k not in machine}
+    assert res["resumed_from"] is None
     first, second = res["segments"]
     assert first["plan"] == RUNNING.to_dict() and first["final_step"] == second["start_step"]
     assert 3 <= first["final_step"] < steps and res["world_size"] == len(Plan.from_dict(second["plan"]).devices) < 4
@@ -258,3 +263,48 @@ def test_a_network_file_that_does_not_load_is_named_as_the_emulated_network(tmp_
     assert len(notes) == 1 and notes[0].startswith(f"the emulated network (--emulate-network) {path} changed but "
                                                    "does not load (") and notes[0].endswith(
         "keeping the links as they are until it does")
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_a_switch_reports_the_whole_run(tmp_path):
+    """The report of a stopped run, on the terminal and in RUN_DIR/result.json, is the command's: it
+    was the last plan's part ("trained iterations 5..11", resumed from a checkpoint it never named)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runtime_helpers import default_stop_signals
+
+    from spantrain.runtime.metrics import read_step_records
+
+    cluster = tmp_path / "cluster.json"
+    rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 3, SLOW_WAN)
+    args = _run_args(tmp_path, "adapt", 100000, "--checkpoint-dir", str(tmp_path / "ckpt"), "--adapt",
+                     "--adapt-planner", "heuristic")
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_stop_signals)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # two iterations into the new plan
+            events = [json.loads(x) for x in (tmp_path / "adapt" / "metrics.jsonl").read_text().splitlines()] \
+                if (tmp_path / "adapt" / "metrics.jsonl").exists() else []
+            starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+            if len(starts) == 2 and sum(1 for e in events[starts[1]:] if "loss" in e) >= 2:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    res = json.loads(out)
+    assert json.loads((tmp_path / "adapt" / "result.json").read_text()) == res  # a stopped run's report is the file
+    assert res["start_step"] == 0 and res["resumed_from"] is None and res["stopped_early"]
+    assert len(res["segments"]) == 2 and res["segments"][1]["final_step"] == res["final_step"]
+    steps = {r["step"] for r in read_step_records(tmp_path / "adapt" / "metrics.jsonl")}
+    assert res["steps"] == len(res["losses"]) == res["final_step"] == max(steps)
+
