@@ -408,7 +408,7 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
     return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
             "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
             "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time(),
-            "job": torchrun_job(),
+            "job": torchrun_job(), "precision": cfg.precision, "run_dir": cfg.run_dir,
             **({"loss_scale": scaler.state_dict()} if scaler is not None else {})}
 
 

@@ -229,7 +229,7 @@ def other_optim_note(before: dict[str, Any] | None, now: dict[str, float]) -> st
     return note
 
 
-def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None) -> str | None:
+def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, cluster=None) -> str | None:
     """A note when a resumed run trains on another plan than the checkpoint's run continued on:
     allowed (a run resumes onto any plan), but after `--adapt` switched plans the command's own
     --plan is the abandoned one (a resume went back to a 17x slower plan unsaid). The plan is
@@ -244,8 +244,19 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None) -> 
         return None
     if last is None or dataclasses.replace(last, predicted=None) == dataclasses.replace(plan, predicted=None):
         return None
-    how = f"pass --plan {path} to continue on that one" if path.exists() else "its plan is in its train_state.json"
+    gone = [d for d in last.devices if cluster is not None and d not in cluster]
+    if gone:  # that plan cannot run here: naming it for --plan sent the user into an error
+        how = f"that plan needs device(s) --cluster no longer has ({', '.join(gone)})"
+    elif path.exists():
+        how = f"pass --plan {path} to continue on that one"
+    else:
+        how = "its plan is in its train_state.json"
     return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"
+
+
+def _usable_dir(path: Any) -> bool:
+    """Whether a run directory a checkpoint names is still one this run can use."""
+    return isinstance(path, str) and bool(path) and Path(path).is_dir() and os.access(path, os.W_OK)
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -428,6 +439,11 @@ def _run(args: argparse.Namespace) -> int:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     if args.metrics:
         _check_metrics_dir(args.metrics)
+    if args.resume and not args.run_dir and not torchrun and _usable_dir(state.get("run_dir")):
+        # the checkpoint's run goes on: its metrics file and W&B run continue (a new directory each time
+        # split one run's records over many)
+        args.run_dir = state["run_dir"]
+        _note(f"continuing in the run directory of the checkpoint's run, {args.run_dir} (--run-dir to choose another)")
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
     # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
@@ -436,7 +452,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.resume and (not torchrun or (not own and os.environ.get("RANK") == "0")):
         _check_no_metrics(metrics_path, "--metrics" if args.metrics else "--run-dir")
     if args.resume and os.environ.get("RANK", "0") == "0":
-        note = _other_plan_note(Path(state["path"]), plan, state.get("plan"))
+        note = _other_plan_note(Path(state["path"]), plan, state.get("plan"), cluster)
         if note:
             _note(note)
 
@@ -450,6 +466,9 @@ def _run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():  # CPUs have bf16 kernels; their fp16 matmuls are emulated
             _note("fp16 on CPUs computes many times slower than bf16 or fp32 (no fast fp16 kernels): it is for "
                   "GPUs without bf16; use --precision bf16 on CPUs")
+    if args.resume and state.get("precision") not in (None, precision):
+        _note(f"resuming in {precision}, where the checkpoint's run trained in {state['precision']}"
+              + ("" if args.precision else f" (pass --precision {state['precision']} to continue as it was)"))
     if args.loss_scale is not None and precision != "fp16":
         raise ExecutionError(f"--loss-scale applies to fp16 training, and this run trains in {precision}: add "
                              "--precision fp16, or leave --loss-scale out")

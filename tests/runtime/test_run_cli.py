@@ -15,6 +15,7 @@ import pytest
 from runtime_helpers import (
     ASYMMETRIC,
     BATCH,
+    CLUSTER,
     EXACT_EPS,
     LR,
     default_stop_signals,
@@ -321,8 +322,33 @@ def test_resuming_on_another_plan_than_the_checkpoint_continued_on_says_so(tmp_p
     assert _other_plan_note(checkpoint, other, other.to_dict()) == (  # the file wins: an --adapt switch writes it
         "resuming on another plan than the run of checkpoint step-00000004 continued on: pass --plan "
         f"{checkpoint / 'plan.json'} to continue on that one")
+    # a plan the cluster cannot run any more is not offered for --plan (which then failed: unknown device)
+    from spantrain.cluster import Cluster
+
+    smaller = Cluster.from_spec({**CLUSTER, "devices": [{**d, "count": 1} for d in CLUSTER["devices"]]})
+    assert _other_plan_note(checkpoint, other, None, smaller) == (
+        "resuming on another plan than the run of checkpoint step-00000004 continued on: that plan needs device(s) "
+        "--cluster no longer has (a-1, b-1)")
     (checkpoint / "plan.json").write_text("{")  # damaged: no note, no error
     assert _other_plan_note(checkpoint, other) is None
+
+
+def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision(tmp_path):
+    """Without --run-dir a resume made a new run directory: the run's metrics and W&B run split in two."""
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    args = ["run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    code, _, err = spantrain_here(*args, "--steps", "2", "--run-dir", str(tmp_path / "first"), "--precision", "bf16")
+    assert code == 0, err
+    code, _, err = spantrain_here(*args, "--steps", "3", "--resume")
+    assert code == 0, err
+    assert f"note: continuing in the run directory of the checkpoint's run, {tmp_path / 'first'}" in err
+    assert "note: resuming in fp32, where the checkpoint's run trained in bf16 (pass --precision bf16 to continue " \
+           "as it was)" in err
+    events = [json.loads(x) for x in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e.get("event") == "start"] == [0, 2]
+    assert [e["step"] for e in events if "loss" in e] == [1, 2, 3]
 
 
 def test_resuming_on_other_data_says_so():
