@@ -23,7 +23,7 @@ import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
            "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
-           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create"]
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -243,6 +243,29 @@ def check_keys(obj: dict, allowed: set[str], required: set[str], where: str, pro
     for key in sorted(required):
         if key not in obj:
             problems.append(f"{prefix}missing required key {shown(key)}")
+
+
+# Each kind of file by the keys only it has (as a message names them, None when absent), and
+# where it is passed.
+_KINDS = {
+    "cluster spec": (lambda d: "devices and network" if "devices" in d and "network" in d else None,
+                     "pass it as the cluster (--cluster)"),
+    "plan": (lambda d: "pipelines" if "pipelines" in d else None, "pass it as the plan (--plan, or plan --from)"),
+    "workload file": (lambda d: "architecture" if "architecture" in d else
+                      "layers and global_batch" if "layers" in d and "global_batch" in d else None,
+                      "pass it as the model (--model)"),
+}
+
+
+def other_kind(spec: Any, kind: str) -> str | None:
+    """The problem, unprefixed, when `spec`, read as a `kind` of file, has the keys of another kind:
+    one line saying which, not a complaint per key (a cluster spec given as --model listed each key)."""
+    if not isinstance(spec, dict) or _KINDS[kind][0](spec):  # its own keys: its own problems say what is wrong
+        return None
+    for other, (keys_of, fix) in _KINDS.items():
+        if other != kind and (keys := keys_of(spec)):
+            return f"looks like a {other} (it has {keys}), not a {kind}: {fix}"
+    return None
 
 
 class _ShortRepr(reprlib.Repr):

@@ -32,6 +32,7 @@ from spantrain._spec import (
     is_figure,
     nonempty_str,
     nonneg_number,
+    other_kind,
     positive_int,
     positive_number,
     read_structured,
@@ -436,6 +437,8 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                         "spantrain topo generate writes one)")
     if not isinstance(spec, dict):
         raise SpecError(f"{source}: expected a mapping with 'devices' and 'network', got {type(spec).__name__}")
+    if wrong := other_kind(spec, "cluster spec"):
+        raise SpecError(f"{source}: {wrong}")
     # top-level problems go unprefixed: the raise below names the source once
     check_keys(spec, {"name", "devices", "network"}, {"devices", "network"}, "", problems)
     name = spec.get("name", Path(source).stem if source != "cluster spec" else "cluster")

@@ -18,12 +18,21 @@ version runs exactly one device per stage and `validate` says so otherwise.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spantrain._spec import check_keys, got, read_structured, shown, write_text_atomic
-from spantrain.errors import PlanError
+from spantrain._spec import (
+    check_keys,
+    got,
+    other_kind,
+    read_structured,
+    shown,
+    write_text_atomic,
+)
+from spantrain.cluster import MAX_DEVICES
+from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError
 from spantrain.workload import MAX_GLOBAL_BATCH
 
 if TYPE_CHECKING:
@@ -135,8 +144,8 @@ class Plan:
 
     # ---- validation --------------------------------------------------------------------
 
-    def problems(self, cluster: Cluster | None = None, workload: Workload | None = None) -> list[str]:
-        """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
+    def _setting_problems(self) -> list[str]:
+        """The problems of the schedule and the sync settings."""
         out: list[str] = []
         if self.schedule not in SCHEDULES:
             out.append(f"schedule {shown(self.schedule)} is unknown (choose from {', '.join(SCHEDULES)})")
@@ -149,6 +158,11 @@ class Plan:
         elif self.sync.period != 1 and self.sync.mode != "local-sgd":
             out.append(f"sync period {self.sync.period} needs mode local-sgd (allreduce and hierarchical sync "
                        "every iteration)")
+        return out
+
+    def problems(self, cluster: Cluster | None = None, workload: Workload | None = None) -> list[str]:
+        """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
+        out = self._setting_problems()
         if not self.pipelines:
             out.append("plan has no pipelines")
         elif all(_pos_int(p.micro_batch_size) and _pos_int(p.num_micro_batches) for p in self.pipelines) \
@@ -222,10 +236,13 @@ class Plan:
 
     @classmethod
     def from_dict(cls, obj: Any, source: str = "plan") -> Plan:
-        """Parse the JSON form; malformed structure raises `PlanError` listing every problem."""
+        """Parse the JSON form; malformed structure raises `PlanError` listing every problem (up to
+        what an error shows), and then the plan's own rules' problems as well."""
         problems: list[str] = []
         if not isinstance(obj, dict):
             raise PlanError(f"{source}: expected a JSON object with schedule, sync and pipelines")
+        if wrong := other_kind(obj, "plan"):
+            raise PlanError(f"{source}: {wrong}")
         check_keys(obj, {"schedule", "sync", "pipelines", "predicted"}, {"pipelines"}, source, problems)
         schedule = obj.get("schedule", "1f1b")
         if not isinstance(schedule, str):
@@ -239,15 +256,19 @@ class Plan:
             sync = Sync(mode=raw_sync.get("mode", "allreduce"), period=raw_sync.get("period", 1))
         else:
             problems.append(f"{source}: sync must be an object with mode and period")
-        # named here too, as a file is read: the cost model's fast path takes any positive int
-        if _pos_int(sync.period) and (too_long := _period_too_long(sync.period)):
-            problems.append(f"{source}: {too_long}")
         pipelines = []
         raw_pipes = obj.get("pipelines", [])
         if not isinstance(raw_pipes, list):
             problems.append(f"{source}: pipelines must be a list")
             raw_pipes = []
+        # counted before any is built: 16 KB of YAML aliases made 4 million stages (2 GB, 32 s)
+        if too_many := _too_many(raw_pipes):
+            raise PlanError(f"{source}: {too_many}")
+        before = len(problems)
+        full = False  # stopped reading at more problems than an error shows
         for i, rp in enumerate(raw_pipes):
+            if full := len(problems) > MAX_PROBLEMS_SHOWN:
+                break
             where = f"{source}: pipelines[{i}]"
             if not isinstance(rp, dict):
                 problems.append(f"{where}: expected an object")
@@ -260,6 +281,8 @@ class Plan:
                 problems.append(f"{where}: stages must be a list")
                 raw_stages = []
             for j, rs in enumerate(raw_stages):
+                if full := len(problems) > MAX_PROBLEMS_SHOWN:
+                    break
                 sw = f"{where}.stages[{j}]"
                 if not isinstance(rs, dict):
                     problems.append(f"{sw}: expected an object")
@@ -279,10 +302,30 @@ class Plan:
                 stages.append(Stage(devices=tuple(devs), layers=(layers[0], layers[1])))
             pipelines.append(Pipeline(stages=tuple(stages), micro_batch_size=rp.get("micro_batch_size", 0),
                                       num_micro_batches=rp.get("num_micro_batches", 0)))
+        # read whole, so the plan's own rules apply to them
+        pipes_parsed = isinstance(obj.get("pipelines"), list) and len(problems) == before
         predicted = obj.get("predicted")
         if predicted is not None and not isinstance(predicted, dict):
-            problems.append(f"{source}: predicted must be an object")
+            problems.append(f"{source}: predicted must be an object of figures (iteration_s, samples_per_s)")
             predicted = None
+        elif predicted is not None:
+            # the cost model's figures, copied into a run's JSON files: NaN and Infinity are no JSON
+            # (no upper bound: a plan for a spec's slowest devices may predict 1e45 s, and is read back)
+            for key, value in predicted.items():
+                if not isinstance(key, str) or not _finite_figure(value):
+                    problems.append(f"{source}: predicted.{shown(key) if not isinstance(key, str) else key} must be "
+                                    f"a finite number >= 0, {got(value)}")
+        if full:  # the rest were not read, so not counted
+            problems = problems[:MAX_PROBLEMS_SHOWN]
+            problems[-1] += "; ... and more"
+        elif problems:  # the plan's own rules too, so one run names every problem (an unknown key hid the rest)
+            partial = cls(pipelines=tuple(pipelines) if pipes_parsed else (),
+                          schedule=schedule if isinstance(schedule, str) else "1f1b", sync=sync)
+            rules = partial.problems() if pipes_parsed else partial._setting_problems()
+            problems.extend(f"{source}: {p}" for p in rules[:MAX_PROBLEMS_SHOWN])
+        # named here too, as a file is read: the cost model's fast path takes any positive int
+        elif _pos_int(sync.period) and (too_long := _period_too_long(sync.period)):
+            problems.append(f"{source}: {too_long}")
         if problems:
             raise PlanError(problems)
         return cls(pipelines=tuple(pipelines), schedule=schedule, sync=sync, predicted=predicted)
@@ -304,6 +347,29 @@ class Plan:
 
 def _pos_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _finite_figure(x: Any) -> bool:
+    # an int is finite (math.isfinite raises on one past the floats)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (isinstance(x, int) or math.isfinite(x)) \
+        and x >= 0
+
+
+def _too_many(raw_pipes: list[Any]) -> str | None:
+    """The problem with a plan of more pipelines, stages or device entries than a cluster has
+    devices (each stage needs a device of its own), counted without building any."""
+    why = f"at most {MAX_DEVICES}, the most devices a cluster may have: each stage needs a device of its own"
+    if len(raw_pipes) > MAX_DEVICES:
+        return f"{len(raw_pipes)} pipelines, {why}"
+    raw_stages = [rp["stages"] for rp in raw_pipes if isinstance(rp, dict) and isinstance(rp.get("stages"), list)]
+    n = sum(map(len, raw_stages))
+    if n > MAX_DEVICES:
+        return f"{n} stages in all, {why}"
+    n = sum(len(rs["devices"]) for stages in raw_stages for rs in stages
+            if isinstance(rs, dict) and isinstance(rs.get("devices"), list))
+    if n > MAX_DEVICES:
+        return f"{n} device entries in its stages, {why}"
+    return None
 
 
 def _period_too_long(period: int) -> str | None:

@@ -48,6 +48,7 @@ from spantrain._spec import (
     got,
     nonempty_str,
     nonneg_number,
+    other_kind,
     positive_int,
     read_structured,
     shown,
@@ -55,7 +56,7 @@ from spantrain._spec import (
 from spantrain.errors import WorkloadError, join_problems
 
 __all__ = ["Layer", "Architecture", "Workload", "PRESETS", "PRECISIONS", "MAX_GLOBAL_BATCH", "MAX_LAYERS",
-           "load_workload"]
+           "MAX_SIZE", "load_workload"]
 
 MAX_LAYERS = 4096
 """Most layers a workload may have: published models have up to a few hundred, and every
@@ -64,6 +65,12 @@ MAX_GLOBAL_BATCH = 2**16
 """Largest global batch: 65,536 samples per iteration, beyond the largest batches trained in
 practice (large-batch BERT and ImageNet runs); planning time and memory grow with the batch
 (2**20 samples take ~30 s and 1.5 GB to plan on 8 devices, and 10**9 exhausts memory)."""
+
+MAX_SIZE = 2**24
+"""Largest vocab_size, d_model, n_heads, d_ff, max_seq_len and seq_len: 16,777,216, far beyond
+any real model (Llama-2-70B: d_model 8192, d_ff 28672; vocabularies of 256k; contexts of 1M
+tokens), and small enough that every figure derived from them stays a float (a d_model of
+4 * 10**200 was an OverflowError, 10**300 made 300-digit memory figures)."""
 
 PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2}
 """Bytes per activation element for each training precision."""
@@ -116,19 +123,9 @@ class Architecture:
     """Memory-efficient attention: no s^2 score matrices kept for backward."""
 
     def __post_init__(self) -> None:
-        if self.family not in ("gpt2", "llama", "bert"):
-            raise WorkloadError(f"architecture.family: unknown family {shown(self.family)} (gpt2, llama or bert)")
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise WorkloadError(f"architecture.{f} must be a positive integer, {got(v)}")
-        if not isinstance(self.flash_attention, bool):  # a quoted "no" would read as true
-            raise WorkloadError(f"architecture.flash_attention must be true or false, {got(self.flash_attention)}")
-        if self.n_layers > MAX_LAYERS - 2:  # plus the embedding and the head
-            raise WorkloadError(f"architecture.n_layers must be at most {MAX_LAYERS - 2}, got {shown(self.n_layers)}")
-        if self.d_model % self.n_heads:
-            raise WorkloadError(f"architecture.d_model ({self.d_model}) must be divisible by "
-                                f"n_heads ({self.n_heads})")
+        problems = _arch_problems(dataclasses.asdict(self))
+        if problems:
+            raise WorkloadError(join_problems(problems))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +161,9 @@ class Workload:
                                 f"samples, got {shown(self.global_batch)}")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len <= 0:
             raise WorkloadError(f"workload {shown(self.name)}: seq_len must be a positive integer, "
+                                f"got {shown(self.seq_len)}")
+        if self.seq_len > MAX_SIZE:
+            raise WorkloadError(f"workload {shown(self.name)}: seq_len must be at most {MAX_SIZE} tokens, "
                                 f"got {shown(self.seq_len)}")
         if self.precision not in PRECISIONS:
             raise WorkloadError(f"workload {shown(self.name)}: precision must be one of "
@@ -301,6 +301,34 @@ def _transformer_layers(arch: Architecture, s: int, p: int) -> list[Layer]:
     return layers
 
 
+_ARCH_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len")
+
+
+def _arch_problems(values: dict[str, Any]) -> list[str]:
+    """Every problem of the architecture fields in `values` (those absent are not checked)."""
+    problems = []
+    if "family" in values and values["family"] not in ("gpt2", "llama", "bert"):
+        problems.append(f"architecture.family: unknown family {shown(values['family'])} (gpt2, llama or bert)")
+    ok = {}  # the sizes that are valid, for the checks between them
+    for f in _ARCH_SIZES:
+        if f not in values:
+            continue
+        v = values[f]
+        limit = MAX_LAYERS - 2 if f == "n_layers" else MAX_SIZE  # n_layers: plus the embedding and the head
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            problems.append(f"architecture.{f} must be a positive integer, {got(v)}")
+        elif v > limit:
+            problems.append(f"architecture.{f} must be at most {limit}, got {shown(v)}")
+        else:
+            ok[f] = v
+    flash = values.get("flash_attention", True)
+    if not isinstance(flash, bool):  # a quoted "no" would read as true
+        problems.append(f"architecture.flash_attention must be true or false, {got(flash)}")
+    if "d_model" in ok and "n_heads" in ok and ok["d_model"] % ok["n_heads"]:
+        problems.append(f"architecture.d_model ({ok['d_model']}) must be divisible by n_heads ({ok['n_heads']})")
+    return problems
+
+
 def _arch(family: Family, V: int, h: int, L: int, a: int, f: int, smax: int) -> Architecture:
     return Architecture(family=family, vocab_size=V, d_model=h, n_layers=L, n_heads=a, d_ff=f, max_seq_len=smax)
 
@@ -336,6 +364,8 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     if not isinstance(spec, dict):
         raise WorkloadError(f"{source}: expected a mapping with name, global_batch, seq_len and "
                             "architecture or layers")
+    if wrong := other_kind(spec, "workload file"):
+        raise WorkloadError(f"{source}: {wrong}")
     problems: list[str] = []
     check_keys(spec, {"name", "global_batch", "seq_len", "precision", "architecture", "layers", "tied_embeddings"},
                {"global_batch", "seq_len"}, source, problems)
@@ -351,43 +381,50 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     if gb is not None and gb > MAX_GLOBAL_BATCH:
         problems.append(f"{source}: global_batch must be at most {MAX_GLOBAL_BATCH} samples, got {shown(gb)}")
     s = positive_int(spec, "seq_len", source, problems)
+    if s is not None and s > MAX_SIZE:
+        problems.append(f"{source}: seq_len must be at most {MAX_SIZE} tokens, got {shown(s)}")
+        s = None
     precision = spec.get("precision", "bf16")
     if not isinstance(precision, str) or precision not in PRECISIONS:
         problems.append(f"{source}: precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}")
     if ("architecture" in spec) == ("layers" in spec):
         problems.append(f"{source}: give exactly one of 'architecture' or 'layers'")
-    if problems:
         raise WorkloadError(join_problems(problems))
+    # the section's problems join the ones above: one run names them all
     if "architecture" in spec:
         raw = spec["architecture"]
         if not isinstance(raw, dict):
-            raise WorkloadError(f"{source}: architecture must be a mapping")
+            problems.append(f"{source}: architecture must be a mapping")
+            raise WorkloadError(join_problems(problems))
         fields = dataclasses.fields(Architecture)
         check_keys(raw, {f.name for f in fields}, {f.name for f in fields if f.default is dataclasses.MISSING},
                    f"{source}: architecture", problems)
+        problems.extend(f"{source}: {p}" for p in _arch_problems(raw))
+        smax = raw.get("max_seq_len")
+        if s is not None and _is_size(smax) and s > smax:  # named by its file, as the other problems are
+            problems.append(f"{source}: seq_len {s} exceeds the architecture's max_seq_len {smax}: "
+                            "lower seq_len or raise max_seq_len")
         if problems:
             raise WorkloadError(join_problems(problems))
-        try:
-            arch = Architecture(**raw)
-        except WorkloadError as e:
-            raise WorkloadError(f"{source}: {e}") from None
-        if s > arch.max_seq_len:  # named by its file, as the other problems are (from_arch names the workload)
-            raise WorkloadError(f"{source}: seq_len {s} exceeds the architecture's max_seq_len {arch.max_seq_len}: "
-                                "lower seq_len or raise max_seq_len")
+        arch = Architecture(**raw)
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
                                   tied_embeddings=tied)
     layers = list(_parse_layers(spec["layers"], source, problems))
-    if len(layers) > MAX_LAYERS:
-        problems.append(f"{source}: {len(layers)} layers, at most {MAX_LAYERS} are supported")
     if problems:
         raise WorkloadError(join_problems(problems))
     return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
+
+
+def _is_size(value: Any) -> bool:
+    """Whether `value` is an architecture size within its limit (see `_arch_problems`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SIZE
 
 
 def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]:
     if not isinstance(raw, list) or not raw:
         problems.append(f"{source}: layers must be a non-empty list")
         return
+    total = 0  # layers after count expansion so far: a file of aliases repeats one entry of 4,096 thousands of times
     for k, entry in enumerate(raw):
         where = f"{source}: layers[{k}]"
         if not isinstance(entry, dict):
@@ -406,10 +443,20 @@ def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]
             problems.append(f"{where}: count must be at most {MAX_LAYERS} (the most layers a workload may have), "
                             f"got {shown(count)}")
             count = None
+        total += count or 0
+        if total > MAX_LAYERS:  # stop there: expanding the rest only costs memory (gigabytes) and time
+            problems.append(f"{source}: {total} layers by layers[{k}] after count expansion, at most {MAX_LAYERS} "
+                            "are supported (lower the counts)")
+            return
+        # a free label, but text: str() of a list of nested aliases took gigabytes
+        kind = entry.get("kind", "custom")
+        if not isinstance(kind, str) or not kind.strip():
+            problems.append(f"{where}: kind must be a non-empty string, {got(kind)}")
+            continue
         if None in (name, fwd, b, w, count) or None in vals.values():
             continue
         names = [name] if "count" not in entry else [f"{name}-{i}" for i in range(count)]
         for n in names:
-            yield Layer(name=n, kind=str(entry.get("kind", "custom")), forward_flops=fwd, input_grad_flops=b,
+            yield Layer(name=n, kind=kind, forward_flops=fwd, input_grad_flops=b,
                         weight_grad_flops=w, params=int(vals["params"]), boundary_bytes=vals["boundary_bytes"],
                         activation_bytes=vals["activation_bytes"])

@@ -454,3 +454,24 @@ def test_with_torchrun_redirects_every_rank_log_keeps_its_error(tmp_path):
                            stderr=log, env=env, check=True, timeout=60)
     assert (attempt / "0" / "stderr.log").read_text() == "spantrain run: error: x\n"
     assert (attempt / "1" / "stderr.log").read_text() == "[rank 1] spantrain run: error: x\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("plan", "--cluster", "cee-demo.yaml", "--model", "cee-demo.yaml"),
+     "spantrain plan: error: {ex}/cee-demo.yaml: looks like a cluster spec (it has devices and network), not a "
+     "workload file: pass it as the cluster (--cluster)"),
+    (("plan", "--cluster", "tiny-custom.yaml", "--model", "tiny-gpt"),
+     "spantrain plan: error: {ex}/tiny-custom.yaml: looks like a workload file (it has architecture), not a "
+     "cluster spec: pass it as the model (--model)"),
+    (("simulate", "--cluster", "cee-demo.yaml", "--model", "tiny-gpt", "--plan", "cee-demo.yaml"),
+     "spantrain simulate: error: {ex}/cee-demo.yaml: looks like a cluster spec (it has devices and network), not a "
+     "plan: pass it as the cluster (--cluster)"),
+    (("topo", "show", "plan-cee-demo.json"),
+     "spantrain topo: error: {ex}/plan-cee-demo.json: looks like a plan (it has pipelines), not a cluster spec: "
+     "pass it as the plan (--plan, or plan --from)"),
+])
+def test_a_file_of_another_kind_is_named_in_one_line(run_cli, args, message):
+    # a cluster spec given as --model listed one unknown key per key of it
+    ex = ROOT / "examples"
+    code, _, err = run_cli(*[str(ex / a) if a.endswith((".yaml", ".json")) else a for a in args])
+    assert code == 2 and err.strip() == message.format(ex=ex), err

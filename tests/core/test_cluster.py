@@ -291,3 +291,17 @@ def test_an_error_line_lists_twenty_problems_and_counts_the_rest(demo_spec):
     assert str(err.value).count("unknown region 'nowhere'") == MAX_PROBLEMS_SHOWN == 20
     assert re.search(r"; \.\.\. and 4[89]\d more$", str(err.value))  # 480 devices, and the links to them
     assert str(PlanError(["a", "b"])) == "a; b" and PlanError(["x"] * 21).problems == ["x"] * 21  # all kept
+
+
+def test_a_workload_given_as_the_cluster_is_named_in_one_line(tmp_path, demo_spec):
+    # each of its keys was an unknown key, and devices and network missing
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump({"global_batch": 2, "seq_len": 8, "layers": [{"name": "a"}]}))
+    with pytest.raises(SpecError) as err:
+        Cluster.from_file(path)
+    assert str(err.value) == (f"{path}: looks like a workload file (it has layers and global_batch), not a cluster "
+                              "spec: pass it as the model (--model)")
+    # a spec with its own keys is told its own problems, whatever else it has
+    demo_spec["pipelines"] = []
+    with pytest.raises(SpecError, match="unknown key 'pipelines'"):
+        Cluster.from_spec(demo_spec)

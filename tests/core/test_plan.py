@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from spantrain.cluster import Cluster
-from spantrain.errors import PlanError, WorkloadError
+from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError, SpecError, WorkloadError
 from spantrain.plan import Pipeline, Plan, Stage, Sync
 from spantrain.workload import Workload
 
@@ -128,3 +131,98 @@ def test_a_sync_period_beyond_the_limit_is_named_before_the_cost_model_runs(tmp_
     assert str(err.value) == f"{path}: sync period must be at most {MAX_SYNC_PERIOD} iterations, got {10**23}"
     assert plan.problems(workload=W) == [f"sync period must be at most {MAX_SYNC_PERIOD} iterations, got {10**23}"]
     assert _plan(sync=Sync(mode="local-sgd", period=MAX_SYNC_PERIOD)).problems(workload=W) == []
+
+
+def test_stages_repeated_by_aliases_are_refused_before_they_are_built(tmp_path):
+    # 16 KB of YAML made 4 million stages and 8 million problems (32 s, 2 GB) before its error
+    p = tmp_path / "p.yaml"
+    p.write_text("pipelines: [&p {micro_batch_size: 1, num_micro_batches: 1, stages: [&s {devices: [a], "
+                 "layers: [0, 1]}" + ", *s" * 2000 + "]}" + ", *p" * 2000 + "]\n")
+    with pytest.raises(PlanError) as err:
+        Plan.from_file(p)
+    assert str(err.value) == (f"{p}: 4004001 stages in all, at most 4096, the most devices a cluster may have: "
+                              "each stage needs a device of its own")
+    many_devices = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1,
+                                   "stages": [{"devices": ["a"] * 3000, "layers": [0, 1]}] * 2}]}
+    with pytest.raises(PlanError, match=r"^plan: 6000 device entries in its stages, at most 4096"):
+        Plan.from_dict(many_devices)
+    with pytest.raises(PlanError, match=r"^plan: 5000 pipelines, at most 4096"):
+        Plan.from_dict({"pipelines": [{}] * 5000})
+
+
+def test_problems_past_what_an_error_shows_are_not_collected():
+    bad = {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1,
+                          "stages": [{"devices": [1], "layers": "x"}] * 4000}]}
+    with pytest.raises(PlanError) as err:
+        Plan.from_dict(bad, "p.json")
+    assert len(err.value.problems) == MAX_PROBLEMS_SHOWN
+    assert str(err.value).endswith("p.json: pipelines[0].stages[9]: layers must be [start, end] integers; "
+                                   "... and more")
+
+
+@pytest.mark.parametrize("predicted, message", [
+    ({"iteration_s": float("nan"), "samples_per_s": 16.8}, "p.json: predicted.iteration_s must be a finite number "
+                                                          ">= 0, got nan"),
+    ({"iteration_s": 1.9, "samples_per_s": float("inf")}, "p.json: predicted.samples_per_s must be a finite number "
+                                                         ">= 0, got inf"),
+    ({"iteration_s": "fast"}, "p.json: predicted.iteration_s must be a finite number >= 0, got 'fast'"),
+    ({"iteration_s": -1}, "p.json: predicted.iteration_s must be a finite number >= 0, got -1"),
+    ("fast", "p.json: predicted must be an object of figures (iteration_s, samples_per_s)"),
+])
+def test_predicted_figures_must_be_finite(tmp_path, predicted, message):
+    # NaN passed, and went on into a run's result files as invalid JSON
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({**_plan().to_dict(), "predicted": predicted}))
+    with pytest.raises(PlanError) as err:
+        Plan.from_file(p)
+    assert str(err.value) == f"{p.parent}/{message}"
+
+
+def test_any_finite_prediction_is_read_back():
+    # a spec's slowest devices (1e-30 TFLOP/s) give predictions past every other figure's limit
+    for figure in (0, 1e45, 10**400):
+        obj = {**_plan().to_dict(), "predicted": {"iteration_s": figure}}
+        assert Plan.from_dict(obj).predicted == {"iteration_s": figure}
+
+
+def test_an_unknown_key_does_not_hide_the_plans_other_problems():
+    obj = {**_plan().to_dict(), "schedule": "pipedream", "comment": "x"}
+    with pytest.raises(PlanError) as err:
+        Plan.from_dict(obj, "p.json")
+    assert err.value.problems == [
+        "p.json: unknown key 'comment' (allowed: pipelines, predicted, schedule, sync)",
+        "p.json: schedule 'pipedream' is unknown (choose from gpipe, 1f1b, zb-h1, zb-h2)"]
+    # a malformed pipeline: its rules are not applied to what could not be read, the settings' are
+    obj = {"schedule": 3, "sync": {"mode": "gossip", "period": 10**23},
+           "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 1, "stages": [{"devices": ["a"]}]}]}
+    with pytest.raises(PlanError) as err:
+        Plan.from_dict(obj, "p.json")
+    assert err.value.problems == [
+        "p.json: schedule must be a string", "p.json: pipelines[0].stages[0]: missing required key 'layers'",
+        "p.json: sync mode 'gossip' is unknown (choose from allreduce, hierarchical, local-sgd)",
+        "p.json: sync period must be at most 1000000 iterations, got 100000000000000000000000"]
+    with pytest.raises(PlanError) as err:  # not also "plan has no pipelines"
+        Plan.from_dict({"pipelines": {"a": 1}}, "p.json")
+    assert err.value.problems == ["p.json: pipelines must be a list"]
+    # a plan that reads whole is still only checked by validate
+    assert Plan.from_dict({**_plan().to_dict(), "schedule": "pipedream"}).schedule == "pipedream"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("cee-demo.yaml", "looks like a cluster spec (it has devices and network), not a plan: pass it as the cluster "
+                      "(--cluster)"),
+    ("tiny-custom.yaml", "looks like a workload file (it has architecture), not a plan: pass it as the model "
+                         "(--model)"),
+])
+def test_another_kind_of_file_given_as_a_plan_is_named_in_one_line(name, message):
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    with pytest.raises(PlanError) as err:
+        Plan.from_file(path)
+    assert str(err.value) == f"{path}: {message}"
+    # and the other way round: a plan given as the cluster
+    if name == "cee-demo.yaml":
+        plan = path.parent / "plan-cee-demo.json"
+        with pytest.raises(SpecError) as err:
+            Cluster.from_file(plan)
+        assert str(err.value) == (f"{plan}: looks like a plan (it has pipelines), not a cluster spec: pass it as the "
+                                  "plan (--plan, or plan --from)")

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from spantrain.errors import WorkloadError
-from spantrain.workload import PRESETS, Workload, load_workload
+from spantrain.workload import MAX_SIZE, PRESETS, Architecture, Workload, load_workload
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -93,7 +95,7 @@ def test_yaml_forms(tmp_path):
      "boundary_bytes: 1, activation_bytes: 1}]\n", "layers[0]: count must be at most 4096"),
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 4000, forward_flops: 1, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}, {name: b, count: 4000, forward_flops: 1, params: 1, boundary_bytes: 1, "
-     "activation_bytes: 1}]\n", "8000 layers, at most 4096 are supported"),
+     "activation_bytes: 1}]\n", "w.yaml: 8000 layers by layers[1] after count expansion, at most 4096 are supported"),
     ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1000000000, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "architecture.n_layers must be at most 4094"),
     # wrong types at the top: tracebacks (name, precision) or misread as true (the flags)
@@ -125,3 +127,84 @@ def test_non_utf8_workload_file(tmp_path):
     p.write_bytes(b"\xff\xfe\x00x")
     with pytest.raises(WorkloadError, match=r"bin\.yaml: not a UTF-8 text file"):
         load_workload(str(p))
+
+
+def test_layers_repeated_by_aliases_stop_at_the_limit_before_they_are_built(tmp_path):
+    # 12 KB: one entry of 4,096 layers, repeated 3,000 times; every layer was built (gigabytes, MemoryError)
+    p = tmp_path / "w.yaml"
+    p.write_text("global_batch: 2\nseq_len: 8\nlayers: [&e {name: b, count: 4096, forward_flops: 1, params: 1, "
+                 "boundary_bytes: 1, activation_bytes: 1}" + ", *e" * 3000 + "]\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value) == (f"{p}: 8192 layers by layers[1] after count expansion, at most 4096 are supported "
+                              "(lower the counts)")
+    at_limit = tmp_path / "ok.yaml"
+    at_limit.write_text("global_batch: 2\nseq_len: 8\nlayers: [&e {name: b, count: 2048, forward_flops: 1, "
+                        "params: 1, boundary_bytes: 1, activation_bytes: 1}, {<<: *e, name: c}]\n")
+    assert len(load_workload(str(at_limit))) == 4096
+
+
+def test_a_layer_kind_must_be_text(tmp_path):
+    # str() of a kind made of nested aliases expanded all of them
+    p = tmp_path / "w.yaml"
+    p.write_text("global_batch: 2\nseq_len: 8\nlayers: [{name: a, kind: [1, 2], forward_flops: 1, params: 1, "
+                 "boundary_bytes: 1, activation_bytes: 1}]\n")
+    with pytest.raises(WorkloadError, match=re.escape("layers[0]: kind must be a non-empty string, got [1, 2]")):
+        load_workload(str(p))
+
+
+_ARCH = {"family": "gpt2", "vocab_size": 64, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 8}
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "d_model", "n_heads", "d_ff", "max_seq_len"])
+@pytest.mark.parametrize("value", [4 * 10**200, 10**300, MAX_SIZE + 1])
+def test_architecture_sizes_are_bounded(tmp_path, field, value):
+    # 4 * 10**200 was an OverflowError traceback, 10**300 gave 300-digit memory figures
+    p = tmp_path / "w.yaml"
+    p.write_text(yaml.safe_dump({"global_batch": 2, "seq_len": 8, "architecture": {**_ARCH, field: value}}))
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value).startswith(f"{p}: architecture.{field} must be at most {MAX_SIZE}, got "), str(err.value)
+    assert len(str(err.value)) < 200
+
+
+def test_architecture_at_the_size_limits_gives_finite_figures():
+    arch = Architecture(family="llama", vocab_size=MAX_SIZE, d_model=MAX_SIZE, n_layers=4094, n_heads=MAX_SIZE,
+                        d_ff=MAX_SIZE, max_seq_len=MAX_SIZE)
+    w = Workload.from_arch(arch, name="huge", global_batch=2**16, seq_len=MAX_SIZE)
+    assert 0 < w.train_flops * w.global_batch < float("inf")
+    assert 0 < float(w.total_params) < 1e30
+    with pytest.raises(WorkloadError, match=f"seq_len must be at most {MAX_SIZE} tokens"):
+        Workload(name="w", layers=w.layers[:1], global_batch=1, seq_len=MAX_SIZE + 1)
+
+
+def test_the_architecture_section_reports_every_problem_at_once(tmp_path):
+    # an unknown family hid vocab_size: 0, and an unknown key hid everything else
+    p = tmp_path / "w.yaml"
+    p.write_text("global_batch: 0\nseq_len: 8\narchitecture: {family: rnn, vocab_size: 0, d_model: 10, n_layers: 1, "
+                 "n_heads: 3, d_ff: 4, max_seq_len: 8, colour: red}\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    text = str(err.value)
+    for expected in ["w.yaml: global_batch must be a positive integer", "w.yaml: architecture: unknown key 'colour'",
+                     "w.yaml: architecture.family: unknown family 'rnn'",
+                     "w.yaml: architecture.vocab_size must be a positive integer, got 0",
+                     "w.yaml: architecture.d_model (10) must be divisible by n_heads (3)"]:
+        assert expected in text, f"missing: {expected}\n{text}"
+    with pytest.raises(WorkloadError) as err:  # built directly: the same checks, all at once
+        Architecture(family="rnn", vocab_size=0, d_model=4, n_layers=1, n_heads=2, d_ff=4, max_seq_len=8)
+    assert str(err.value) == ("architecture.family: unknown family 'rnn' (gpt2, llama or bert); "
+                              "architecture.vocab_size must be a positive integer, got 0")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("cee-demo.yaml", "looks like a cluster spec (it has devices and network), not a workload file: pass it as the "
+                      "cluster (--cluster)"),
+    ("plan-cee-demo.json", "looks like a plan (it has pipelines), not a workload file: pass it as the plan "
+                           "(--plan, or plan --from)"),
+])
+def test_another_kind_of_file_given_as_the_model_is_named_in_one_line(name, message):
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    with pytest.raises(WorkloadError) as err:  # each of its keys was an unknown key
+        load_workload(str(path))
+    assert str(err.value) == f"{path}: {message}"
