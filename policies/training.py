@@ -282,6 +282,8 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       name=out.resolve().name or None, dir=out / "wandb",
                       run_id=resumed.wandb_id if resumed else None)
+    # ended on every path (a full disk, a bug): an open run kept WANDB_DATA_DIR set in the caller
+    held.push(lambda exc_type, *_: tracker.finish(exit_code=1 if exc_type else None))
     wandb_run = tracker.url_or_dir
     if resumed is not None:
         print(f"train-policy: resuming {out} at PPO step {resumed.num_timesteps:,} (its last update)"

@@ -423,6 +423,30 @@ def test_ctrl_c_after_training_says_the_policies_are_saved(run_cli, tmp_path, mo
     assert summary["best"]["policy"] == str(run / "best-policy.pt") and (run / "ppo-policy.pt").exists()
 
 
+def test_a_training_run_that_fails_ends_its_wandb_run(run_cli, tmp_path, monkeypatch):
+    """A full disk, say: the W&B run stayed open, and WANDB_DATA_DIR set in the calling process."""
+    import os
+
+    from spantrain.policies import training
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "run" / "final_eval.csv"))
+
+    monkeypatch.setattr(training, "_write_rows", full_disk)
+    monkeypatch.delenv("WANDB_DATA_DIR", raising=False)
+    code, out, err = run_cli("train-policy", "--timesteps", "48", "--n-envs", "2", "--n-steps", "24", "--batch-size",
+                             "24", "--n-epochs", "1", "--max-devices", "6", "--min-devices", "4", "--models",
+                             "gpt2-medium", "--pool-size", "2", "--eval-scenarios", "1", "--hidden", "16", "--layers",
+                             "1", "--imitation-episodes", "0", "--track", "--no-progress", "--workers", "1",
+                             "--out-dir", tmp_path / "run", "--cache-dir", tmp_path / "cache")
+    assert code == 2 and out == "" and "No space left on device" in err, err
+    import wandb
+
+    assert wandb.run is None and "WANDB_DATA_DIR" not in os.environ
+    (log,) = (tmp_path / "run" / "wandb" / "wandb").glob("offline-run-*/logs/debug.log")
+    assert "got exitcode: 1" in log.read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["starts", "imitation", "ppo", "ppo --ship"])
 def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatch, phase):
