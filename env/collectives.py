@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from spantrain.env.kernel import _chain, _collective, _ring, _serialize
+from spantrain.env.kernel import _collective, _ring, _serialize
 
-__all__ = ["SYNC_CODES", "ring_order", "ring_time", "chain_time", "hierarchical_time", "collective_time",
+__all__ = ["SYNC_CODES", "ring_order", "ring_time", "hierarchical_time", "collective_time",
            "schedule_collectives"]
 
 SYNC_CODES = {"allreduce": 0, "hierarchical": 1, "local-sgd": 2}
@@ -72,13 +72,6 @@ def ring_time(nodes, nbytes, bw, lat, msg) -> float:
     """Seconds of a ring all-reduce of `nbytes` over `nodes` (0 for one node)."""
     w, n = _work(nodes)
     return _collective(0, _links(bw, lat), float(msg), np.zeros(1, np.int64), w, 0, n, float(nbytes), n)
-
-
-def chain_time(nodes, leader, nbytes, bw, lat, msg) -> tuple[float, float]:
-    """(reduce-to-leader, broadcast-from-leader) seconds along a nearest-neighbour chain
-    from `leader` (an index into `nodes`), pipelined in small chunks."""
-    w, n = _work(nodes)
-    return _chain(_links(bw, lat), float(msg), w, 0, n, int(leader), float(nbytes), n)
 
 
 def hierarchical_time(nodes, nbytes, bw, lat, msg, region) -> float:

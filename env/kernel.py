@@ -89,7 +89,7 @@ from spantrain.env.calibration import (
     C_STATE,
 )
 
-__all__ = ["evaluate_plan", "evaluate", "plan_ints", "plan_views", "out_size", "workspace_size", "memo_size",
+__all__ = ["evaluate_plan", "evaluate", "plan_ints", "plan_views", "out_size", "workspace_size",
            "memo_record", "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
 
 STAGE_COLUMNS = ("f_s", "b_s", "w_s", "end_s", "in_flight", "memory_bytes", "optimizer_s", "start_s",
@@ -565,7 +565,8 @@ def _ring(links, msg, w, i0, n, chunk, w0, best0):
 
 @njit(cache=True)
 def _chain(links, msg, w, i0, n, leader, nbytes, w0):
-    """`chain_time` over the n nodes w[i0:i0+n]; w[w0:w0+n] is scratch."""
+    """(reduce-to-leader, broadcast-from-leader) seconds along a nearest-neighbour chain from
+    `leader` over the n nodes w[i0:i0+n], pipelined in small chunks; w[w0:w0+n] is scratch."""
     if n < 2:
         return 0.0, 0.0
     for j in range(n):
@@ -728,13 +729,6 @@ def workspace_size(S: int, M: int) -> tuple[int, int]:
     return _workspace(S, M)
 
 
-def memo_size(S: int) -> int:
-    """Floats in the memo record of a pipeline of S stages: makespan, bubble fraction,
-    period, then per stage: end of its last op, peak micro-batches in flight, start of its
-    first op."""
-    return 3 + 3 * S
-
-
 def memo_record(P: int, NS: int, p: int, g0: int) -> int:
     """Where `evaluate` writes pipeline p's memo record (g0: its first stage)."""
     return 7 + 3 * P + 9 * NS + 3 * p + 3 * g0
@@ -786,10 +780,12 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
     stage_out (NS x 9: `STAGE_COLUMNS`); `split_out` views them. (Filling a buffer the
     caller keeps saves boxing three new arrays per call.)
 
-    Pipelines with ``memo_at[p] >= 0`` are not simulated again: their record (see
-    `memo_size`) is read from ``memo[memo_at[p]:]`` (a memo of earlier results for the same
-    devices, layers and micro-batching); ``memo_at`` may be longer than the number of
-    pipelines. Every pipeline's record is also written after stage_out, pipeline p's at
+    Pipelines with ``memo_at[p] >= 0`` are not simulated again: their record (3 + 3 x its
+    stages floats: makespan, bubble fraction, period, then per stage the end of its last op,
+    its peak micro-batches in flight and the start of its first op) is read from
+    ``memo[memo_at[p]:]`` (a memo of earlier results for the same devices, layers and
+    micro-batching); ``memo_at`` may be longer than the number of pipelines. Every
+    pipeline's record is also written after stage_out, pipeline p's at
     `memo_record(P, NS, p, pipe_ptr[p])`, for the caller to remember.
 
     ``ws_x`` (float64) and ``ws_n`` (int64) are scratch workspaces (`workspace_size`);

@@ -476,7 +476,3 @@ class Partitioner:
         _, bb, pp, pa, amax = self._positions(len(devices))[1]
         return float(_memory_ratio(np.array(devices, dtype=np.int64), bb, pp, pa, amax, mdl.capacity_bytes, mdl.calib,
                                    infl, float(m))[0])
-
-    def fits_alone(self, device: int, m: int = 1) -> bool:
-        """Whether the whole model fits on one device at micro-batch m (one in flight)."""
-        return self.split((device,), m, 1, "1f1b") is not None

@@ -73,6 +73,8 @@ from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
 from spantrain.tracking import Tracker
 
+__all__ = ["plan_cases", "adaptation_cases", "summarize", "summary_tables", "markdown", "plots", "main"]
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("gpt2-medium", "gpt2-xl", "llama2-7b")
 TRAIN_SIZES = (8, 16, 24, 32)

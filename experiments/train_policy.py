@@ -10,5 +10,7 @@ import sys
 
 from spantrain.cli import main
 
+__all__: list[str] = []  # a script: its public face is the command line
+
 if __name__ == "__main__":
     raise SystemExit(main(["train-policy", *sys.argv[1:]]))

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +65,6 @@ from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
 from spantrain.policies.cuts import refine_cuts
 from spantrain.policies.feasibility import no_fit_error
-from spantrain.policies.grouping import device_classes
 from spantrain.workload import Workload
 
 __all__ = ["ExhaustiveConfig", "ExhaustivePlanner", "LayoutBound", "enumerate_layouts"]
@@ -328,8 +326,3 @@ def _widest_holders(flat, ptr, bws):
             p += 1
         if p == P:
             return best
-
-
-def class_counts(cluster: Cluster) -> list[int]:
-    """Sizes of the interchangeable-device classes (for reporting the search size)."""
-    return sorted(Counter(device_classes(cluster)).values())

@@ -31,7 +31,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.symmetry import device_classes
 from spantrain.profiler.grouping import compute_groups
 
-__all__ = ["NET_RATIO", "network_groups", "compute_units", "device_classes", "group_bandwidth"]
+__all__ = ["NET_RATIO", "network_groups", "compute_units", "device_classes"]
 
 # `device_classes` lives with the plan-space code in env/ (the evaluator needs it); re-exported here.
 
@@ -91,21 +91,3 @@ def compute_units(cluster: Cluster, groups: list[list[int]]) -> list[list[list[i
     """Per network group, its devices split by compute speed (second level)."""
     tflops = cluster.tflops
     return [compute_groups(tflops, g) for g in groups]
-
-
-def group_bandwidth(cluster: Cluster, groups: list[list[int]]) -> np.ndarray:
-    """Bytes/s between groups: the slowest direction of the slowest device pair (inside a
-    group, between its members; infinite for a single device)."""
-    bw = np.asarray(cluster.bandwidth)
-    G = len(groups)
-    out = np.empty((G, G))
-    for a in range(G):
-        for b in range(G):
-            block = bw[np.ix_(groups[a], groups[b])]
-            if a == b:
-                if len(groups[a]) == 1:
-                    out[a, b] = np.inf
-                    continue
-                block = np.where(np.eye(len(groups[a]), dtype=bool), np.inf, block)
-            out[a, b] = min(block.min(), bw[np.ix_(groups[b], groups[a])].min() if a != b else block.min())
-    return out

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "load_plan",
-           "print_json", "stdout_console", "not_yet", "check_dir_option", "check_output_file", "check_finite",
+           "print_json", "stdout_console", "check_dir_option", "check_output_file", "check_finite",
            "check_seed", "add_calibration_arg", "load_calibration"]
 
 
@@ -210,11 +210,3 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def not_yet(command: str, issue: int):
-    """A command body for work a later issue fills: says so plainly, exit 1."""
-
-    def run(args: argparse.Namespace) -> int:
-        print(f"spantrain {command}: not available yet (tracked in issue #{issue})", file=sys.stderr)
-        return 1
-
-    return run

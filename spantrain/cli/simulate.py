@@ -19,6 +19,7 @@ from spantrain.cli._common import (
 )
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
+__all__ = ["register", "run"]
 
 def register(p: argparse.ArgumentParser) -> None:
     add_cluster_arg(p)

@@ -9,6 +9,8 @@ from spantrain._spec import plural
 from spantrain.cli._common import add_json_arg, check_output_file, load_cluster, print_json, stdout_console
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 
+__all__ = ["register"]
+
 
 def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="topo_command", metavar="SUBCOMMAND", parser_class=type(p))

@@ -7,6 +7,8 @@ import sys
 
 from spantrain.cli._common import add_json_arg, print_json
 
+__all__ = ["register", "run", "PREVIOUS_POLICY"]
+
 PREVIOUS_POLICY = "ppo-policy.prev.pt"
 """Beside the shipped policy: the one the last --ship replaced."""
 
