@@ -78,8 +78,9 @@ def layer_time_table(cluster: Cluster, workload: Workload) -> tuple[np.ndarray, 
             W[i] = wfl / d.flops
             continue
         if len(lt.forward_s) != L:
-            raise SpecError(f"device {d.id!r}: layer_times[{workload.name!r}] has {len(lt.forward_s)} layers, "
-                            f"the model has {L}")
+            raise SpecError(f"cluster {cluster.name!r}, device {d.id!r}: layer_times[{workload.name!r}] has "
+                            f"{len(lt.forward_s)} layers but model {workload.name!r} has {L}: measure them again for "
+                            "this model (spantrain profile), or remove that entry")
         fw = np.array(lt.forward_s, dtype=np.float64) / lt.batch
         bwd = np.array(lt.backward_s, dtype=np.float64) / lt.batch
         F[i] = fw

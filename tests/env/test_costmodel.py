@@ -48,7 +48,9 @@ def test_measured_layer_times_win_and_split_by_flops():
     assert wg == pytest.approx(2 / 4 * (0.8 + 1.2) * 0.25)
     assert cm.compute_time(1, 1, 3, 2)[0] == pytest.approx(2 * 2e9 / 10e12)  # unmeasured device: FLOPs
     bad = dataclasses.replace(dev, layer_times={"toy": LayerTimes(batch=1, forward_s=(1.0,), backward_s=(1.0,))})
-    with pytest.raises(SpecError, match="d-0"):
+    with pytest.raises(SpecError, match=r"^cluster 'm', device 'd-0': layer_times\['toy'\] has 1 layers but model "
+                                        r"'toy' has 4: measure them again for this model \(spantrain profile\), or "
+                                        r"remove that entry$"):
         CostModel(Cluster(name="m", devices=[bad], network=c.network), w)
 
 
