@@ -103,11 +103,17 @@ class Calibration:
     """The constants one `CostModel` uses; defaults are the module-level assumptions."""
 
     op_overhead_s: float = OP_OVERHEAD_S
+    """Fixed seconds per compute op (`OP_OVERHEAD_S`)."""
     message_overhead_s: float = MESSAGE_OVERHEAD_S
+    """Fixed seconds per message and collective step (`MESSAGE_OVERHEAD_S`)."""
     state_bytes_per_param: float = STATE_BYTES_PER_PARAM
+    """Resident training-state bytes per parameter (`STATE_BYTES_PER_PARAM`)."""
     optimizer_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
+    """Memory traffic of one optimizer update per parameter (`OPTIMIZER_BYTES_PER_PARAM`)."""
     memory_bytes_per_flop: float = MEMORY_BYTES_PER_FLOP
+    """Memory bandwidth per unit of compute (`MEMORY_BYTES_PER_FLOP`)."""
     reserved_bytes: float = RESERVED_BYTES
+    """Bytes per device held besides the model (`RESERVED_BYTES`)."""
     grad_bytes_per_param: float | None = None
     """Bytes per gradient element on the wire; None = the workload's `bytes_per_element`."""
     op_overhead_flops: float = 0.0
