@@ -9,6 +9,7 @@ and this module loads nothing before that (see `spantrain/__init__`).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from spantrain import _interrupt
@@ -20,7 +21,12 @@ def run() -> int:
     try:
         from spantrain.cli import main
 
-        return main()
+        code = main()
+        if signal.getsignal(signal.SIGINT) is _interrupt.quit_on_ctrl_c:
+            # a command that keeps nothing is done and said all: a Ctrl-C while the interpreter
+            # shuts down (which restores the default handler) ended it with 130 and no word
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return code
     except KeyboardInterrupt:  # SIGINT had another handler than Python's (run() called in-process)
         if not os.environ.get(_interrupt.QUIET_INTERRUPT_ENV):
             print("spantrain: interrupted", file=sys.stderr)

@@ -371,6 +371,21 @@ def test_ctrl_c_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
     assert yaml.safe_load((tmp_path / "c.yaml").read_text())["name"] == "cee-4-s0"  # whole: Ctrl-C waited
 
 
+def test_ctrl_c_as_a_finished_command_exits_keeps_its_exit_code():
+    # a command that had printed everything was reported as interrupted (130, no line: the
+    # interpreter's shutdown restores the default handler)
+    script = ("import os, signal, sys\n"
+              "from spantrain.__main__ import run\n"
+              "sys.argv[1:] = ['topo', 'generate', '--devices', '4']\n"
+              "code = run()\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n"
+              "raise SystemExit(code)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            preexec_fn=_default_sigint, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert yaml.safe_load(result.stdout)["name"] == "cee-4-s0"
+
+
 @pytest.mark.parametrize("quiet", [False, True])
 def test_a_child_whose_parent_reports_ctrl_c_exits_130_without_its_own_line(run_cli, monkeypatch, quiet):
     # profile's per-device children each printed "[dev] spantrain profile: interrupted" under the parent's line
