@@ -97,8 +97,8 @@ def test_assemble_builds_regions_links_and_overrides():
 def test_a_layer_too_large_to_hold_is_refused_before_torch_tries():
     from spantrain.errors import WorkloadError
 
-    arch = {"family": "gpt2", "vocab_size": 256, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 10**12,
-            "max_seq_len": 32}
+    arch = {"family": "gpt2", "vocab_size": 256, "d_model": 1024, "n_layers": 2, "n_heads": 2, "d_ff": 2**24,
+            "max_seq_len": 32}  # 34 billion parameters a block
     w = Workload.from_spec({"name": "huge-mlp", "global_batch": 8, "seq_len": 32, "architecture": arch}, "w")
     # torch's allocator failed with a traceback asking for terabytes
     with pytest.raises(WorkloadError, match=r"^layer 1 of huge-mlp has [\d,]+ parameters \([\d,.]+ GB with their "

@@ -295,7 +295,10 @@ def test_what_a_device_left_running_ends_with_it(cluster, tmp_path, monkeypatch)
     monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(tmp_path / "state"))
     pids = tmp_path / "pids"
     pids.mkdir()
-    script = f"sleep 300 & echo $! > {pids}/$RANK; if [ $RANK = 0 ]; then exit 3; else sleep 30; fi"
+    # every device starts its background process before rank 0 fails (the others are stopped then)
+    script = (f"sleep 300 & echo $! > {pids}/$RANK.tmp && mv {pids}/$RANK.tmp {pids}/$RANK; "
+              f"if [ $RANK = 0 ]; then while [ $(ls {pids} | grep -vc tmp) -lt {len(cluster)} ]; do sleep 0.05; "
+              "done; exit 3; else sleep 30; fi")
     t0 = time.monotonic()
     with EmulatedCluster(cluster, mode="local", cpu_limits=False) as emu:
         results = emu.run(["sh", "-c", script], echo=False)
