@@ -32,7 +32,7 @@ from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.feasibility import memory_floor, no_fit_error
+from spantrain.policies.feasibility import no_fit_error
 from spantrain.workload import Workload
 
 __all__ = ["GeneticConfig", "GeneticPlanner", "MAX_BUDGET_S"]
@@ -72,15 +72,15 @@ class GeneticConfig:
             raise PlannerError(f"ga: max_generations must be a positive integer or None, got {g!r}")
 
 
-_FLOOR_WORK = 2_000_000
-"""Most stage-memory evaluations the up-front memory check may take (`memory_floor` does
-stages x layers^2 / 2): a cluster and model this large go straight to the search."""
-
-
-def _fits_nowhere(model, n: int) -> bool:
-    """Whether even the best cut over all `n` devices overflows the largest one (then no plan fits)."""
-    L = model.num_layers
-    return min(n, L) * L * L <= _FLOOR_WORK and memory_floor(model, n) > float(model.capacity_bytes.max())
+def _fits_nowhere(model) -> bool:
+    """Whether no plan can fit, by bounds every plan obeys whatever its cuts, micro-batches and
+    schedule: some device holds each layer's training state whole (plus its reserved bytes),
+    and the devices together hold every layer's. (`memory_floor` is no such bound: fewer
+    stages, or fewer micro-batches in flight, can need less.)"""
+    per_param, reserved = float(model.calib[2]), float(model.calib[6])
+    layer_state = np.diff(model.params_prefix) * per_param
+    room = np.maximum(model.capacity_bytes - reserved, 0.0)
+    return bool(layer_state.max() > room.max() or model.params_prefix[-1] * per_param > room.sum())
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class GeneticPlanner:
         t0 = time.perf_counter()
         rng = np.random.default_rng(cfg.seed)
         n = len(ev.cluster)
-        if _fits_nowhere(ev.model, n):  # say so now, not after the whole budget
+        if _fits_nowhere(ev.model):  # say so now, not after the whole budget
             raise no_fit_error(ev.model, self.name)
         self._n = n
         self._L = ev.model.num_layers

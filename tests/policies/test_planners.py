@@ -151,6 +151,17 @@ def test_ga_says_at_once_that_a_model_fits_nowhere():
     assert not planner.stats  # no generation ran
 
 
+def test_ga_searches_a_model_that_fits_only_cut_into_few_stages():
+    """Its first up-front check took a cut over every device, 1F1B-full, as a lower bound: with
+    activations this large, 8 stages need 72 GB where fewer, or a batch of 2 in flight, fit 40."""
+    cluster = region_cluster({"r": (8, 150, 40, 100)}, 1.0, name="eight")
+    heavy = Workload.from_spec({"name": "actheavy", "global_batch": 2, "seq_len": 128, "layers": [
+        {"name": "l", "count": 8, "forward_flops": 1e12, "params": 1_000_000, "boundary_bytes": 1e6,
+         "activation_bytes": 8e9}]}, "w")
+    plan = get_planner("ga", budget_s=0.3).plan(cluster, heavy)
+    assert CostModel(cluster, heavy).estimate(plan).feasible
+
+
 @pytest.mark.parametrize("name", ["ddp", "gpipe", "megatron"])
 def test_baselines_return_their_plan_marked_infeasible(name):
     cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
