@@ -149,24 +149,39 @@ class DeviceProcess:
             p.start()
 
     def poll(self) -> int | None:
-        code = self.popen.poll()
-        if code is not None and self.ended is None:
+        """The exit code once the device's command has ended (None while it runs). A device ends
+        with its command: what that left running in the background (outside a cgroup nothing
+        else stops it; it held the output pipes, which cost 5 s a pipe) is killed first, while
+        the command's unreaped zombie still holds the group's id, so no other group is hit."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        try:
+            ended = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere
+            return self.popen.poll()
+        if ended is None:
+            return None
+        return self._reap()
+
+    def _reap(self) -> int:
+        if self.ended is None:
             self.ended = time.monotonic()
-        return code
+        self.signal(signal.SIGKILL)
+        return self.popen.wait()
 
     def signal(self, sig: int) -> None:
-        """Send `sig` to the device's whole process group, also once its first process has
-        ended: what it started in the background may live on. (The group's id stays reserved
-        while any member lives, so this reaches no one else.)"""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
+        """Send `sig` to the device's whole process group (not once the command is reaped: its
+        group's id may belong to someone else by then)."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, sig)
 
     def result(self) -> DeviceResult:
-        code = self.popen.wait()
-        self.poll()
-        # a device ends with its command: what that left running would hold the output pipes
-        # open (the pumps waited 5 s each for it) and outlive the emulator
-        self.signal(signal.SIGKILL)
+        if self.popen.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)  # until it ends, unreaped
+            self._reap()
+        code = self.popen.returncode
         for p in self._pumps:
             p.join(timeout=5)
         if self._log:
@@ -186,7 +201,7 @@ def stop_all(procs: Sequence[DeviceProcess], first: int = signal.SIGTERM, grace_
     deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in running) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for p in procs:  # the devices that had ended too: what they started may still run
+    for p in running:
         p.signal(signal.SIGKILL)
 
 

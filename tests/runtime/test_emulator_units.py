@@ -312,6 +312,20 @@ def test_what_a_device_left_running_ends_with_it(cluster, tmp_path, monkeypatch)
     assert not [pid for pid in left if _running(pid)], "a device's background process outlived it"
 
 
+def test_a_reaped_device_is_signalled_no_more(monkeypatch):
+    """Its group's id is free once it is reaped and nothing of it lives: a later process may hold
+    it (SIGKILL at an ended device's group killed an unrelated process that had reused the id)."""
+    from spantrain.runtime.emulator.launch import DeviceProcess
+
+    device = DeviceProcess(rank=0, device_id="x", command=["true"], env=dict(os.environ), netns=None, cgroup=None,
+                           echo=False, log_dir=None)
+    assert device.result().returncode == 0
+    sent = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
+    device.signal(signal.SIGKILL)
+    assert device.poll() == 0 and sent == []
+
+
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
