@@ -108,6 +108,9 @@ class RunConfig:
     before launch (None: each worker computes it)."""
     zb_order_source: str | None = None
     """Where `zb_orders` came from, for the run's records."""
+    job_id: str | None = None
+    """This job's id, the same across its resumes: kept in ``RUN_DIR/job-id`` and in its
+    checkpoints, so that a ``--resume`` finds the job's run directory (None under torchrun)."""
     threads: int | None = None
     """torch CPU threads per worker (None: the machine's cores divided among its workers)."""
     adaptation: dict[str, Any] | None = None

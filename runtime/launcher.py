@@ -46,6 +46,7 @@ from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 from typing import Any
 
+from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, RunFailed
 from spantrain.runtime import stop_signals
 from spantrain.runtime.adapter import Adapter, ClusterFile, StopTimedOut
@@ -56,7 +57,7 @@ from spantrain.runtime.entry import EXIT_REFUSED, error_file, local_entry
 from spantrain.runtime.linkprobe import links_message
 from spantrain.runtime.metrics import drift_message
 
-__all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "RUN_LOCK"]
+__all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "RUN_LOCK", "JOB_ID_FILE"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -73,6 +74,10 @@ def workers_file(run_dir: str | Path) -> Path:
     """JSON with the launcher's and every worker's pid (for tools and tests)."""
     return Path(run_dir) / "workers.json"
 
+
+JOB_ID_FILE = "job-id"
+"""In the run directory: the id of the job that runs there (`RunConfig.job_id`), which its
+checkpoints also hold: a ``--resume`` without ``--run-dir`` continues where they match."""
 
 RUN_LOCK = ".spantrain-run.lock"
 """File in the run directory (and the checkpoint directory) that the process owning a run
@@ -429,6 +434,8 @@ def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [run_dir / "result.json", *(run_dir / "errors").glob("rank*.txt")]:
         stale.unlink(missing_ok=True)
+    if cfg.job_id:
+        write_text_atomic(run_dir / JOB_ID_FILE, cfg.job_id + "\n")
     cfg = dataclasses.replace(cfg, launcher_pid=os.getpid())
     start_step = 0
     if cfg.resume and cfg.checkpoint_dir:

@@ -408,7 +408,10 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
     return {"step": step, "samples_seen": samples_seen, "seed": seed, "data": cfg.data,
             "rng_state": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
             "optim": dataclasses.asdict(cfg.optim), "plan": plan.to_dict(), "time": time.time(),
-            "job": torchrun_job(), "precision": cfg.precision, "run_dir": cfg.run_dir,
+            "job": torchrun_job(), "precision": cfg.precision, "job_id": cfg.job_id,
+            # relative to the checkpoints: a copied project resumes in the copy
+            **({"run_dir": os.path.relpath(cfg.run_dir, cfg.checkpoint_dir),
+                "metrics_path": os.path.relpath(cfg.metrics_path, cfg.checkpoint_dir)} if cfg.checkpoint_dir else {}),
             **({"loss_scale": scaler.state_dict()} if scaler is not None else {})}
 
 

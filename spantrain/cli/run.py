@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -254,9 +255,22 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, clu
     return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"
 
 
-def _usable_dir(path: Any) -> bool:
-    """Whether a run directory a checkpoint names is still one this run can use."""
-    return isinstance(path, str) and bool(path) and Path(path).is_dir() and os.access(path, os.W_OK)
+def _job_dir(state: dict[str, Any], key: str) -> Path | None:
+    """Where the checkpoint's job kept its run directory (`key` "run_dir") or metrics file
+    ("metrics_path"), when that directory is still the job's own: found relative to the
+    checkpoint (a copied project continues in the copy) and holding the job's id (another
+    job's directory made in the same place since is not taken over)."""
+    from spantrain.runtime.launcher import JOB_ID_FILE
+
+    rel, job = state.get(key), state.get("job_id")
+    if not (isinstance(rel, str) and rel and isinstance(job, str) and job):
+        return None
+    path = (Path(state["path"]).parent / rel).resolve()
+    run_dir = path if key == "run_dir" else (Path(state["path"]).parent / state.get("run_dir", "")).resolve()
+    try:
+        return path if (run_dir / JOB_ID_FILE).read_text().strip() == job else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -439,11 +453,13 @@ def _run(args: argparse.Namespace) -> int:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     if args.metrics:
         _check_metrics_dir(args.metrics)
-    if args.resume and not args.run_dir and not torchrun and _usable_dir(state.get("run_dir")):
+    if args.resume and not args.run_dir and not torchrun and (own_dir := _job_dir(state, "run_dir")):
         # the checkpoint's run goes on: its metrics file and W&B run continue (a new directory each time
         # split one run's records over many)
-        args.run_dir = state["run_dir"]
+        args.run_dir = str(own_dir)
         _note(f"continuing in the run directory of the checkpoint's run, {args.run_dir} (--run-dir to choose another)")
+        if not args.metrics and (metrics := _job_dir(state, "metrics_path")) and metrics.is_file():
+            args.metrics = str(metrics)  # it wrote its metrics elsewhere (--metrics): they go on there
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
     # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
@@ -490,6 +506,8 @@ def _run(args: argparse.Namespace) -> int:
                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                     resume=args.resume, track=args.track, timeout_s=args.timeout,
                     wandb_id=wandb_run_id(run_dir / "wandb", resume=args.resume) if args.track else None,
+                    # one job, across its resumes: its checkpoints find its run directory by it
+                    job_id=None if torchrun else (state.get("job_id") if args.resume else None) or uuid.uuid4().hex,
                     planner=f"file:{Path(args.plan).resolve()}" if args.plan else args.planner,
                     rank_map=str(Path(args.rank_map).resolve()) if args.rank_map else None,
                     zb_orders=zb_orders, zb_order_source=zb_source, threads=args.threads, precision=precision,
@@ -531,9 +549,10 @@ def _run(args: argparse.Namespace) -> int:
 
         # this process owns the run and checkpoint directories until the run ends, however it ends
         with contextlib.ExitStack() as owned:
-            owned.enter_context(run_dir_lock(run_dir))
+            # the checkpoints first: a resume's run directory may be another live run's, found by its checkpoints
             if args.checkpoint_dir and Path(args.checkpoint_dir).resolve() != run_dir:
                 owned.enter_context(run_dir_lock(Path(args.checkpoint_dir).resolve(), "--checkpoint-dir"))
+            owned.enter_context(run_dir_lock(run_dir))
             try:
                 if args.adapt:
                     from tqdm import tqdm

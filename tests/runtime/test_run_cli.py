@@ -333,8 +333,9 @@ def test_resuming_on_another_plan_than_the_checkpoint_continued_on_says_so(tmp_p
     assert _other_plan_note(checkpoint, other) is None
 
 
-def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision(tmp_path):
+def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision(tmp_path, monkeypatch):
     """Without --run-dir a resume made a new run directory: the run's metrics and W&B run split in two."""
+    monkeypatch.chdir(tmp_path)  # where a run without --run-dir makes its directory
     cluster, model = write_inputs(tmp_path)
     (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
     args = ["run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
@@ -349,6 +350,38 @@ def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision
     events = [json.loads(x) for x in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e.get("event") == "start"] == [0, 2]
     assert [e["step"] for e in events if "loss" in e] == [1, 2, 3]
+
+    # a directory of another job, made where the checkpoint's run was, is not taken over
+    import shutil
+
+    shutil.rmtree(tmp_path / "first")
+    code, _, err = spantrain_here(*args[:-2], "--checkpoint-dir", str(tmp_path / "other-ckpt"), "--steps", "1",
+                                  "--run-dir", str(tmp_path / "first"))
+    assert code == 0, err
+    code, _, err = spantrain_here(*args, "--steps", "4", "--resume")
+    assert code == 0, err
+    assert "continuing in the run directory" not in err and len(list((tmp_path / "runs").iterdir())) == 1
+    assert (tmp_path / "first" / "metrics.jsonl").read_text().count('"loss"') == 1
+
+
+def test_a_copied_project_resumes_in_the_copy_with_its_own_metrics_file(tmp_path):
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    project = tmp_path / "project"
+    project.mkdir()
+    code, _, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                  "--steps", "2", "--checkpoint-dir", str(project / "ckpt"), "--run-dir",
+                                  str(project / "run"), "--metrics", str(project / "m.jsonl"))
+    assert code == 0, err
+    import shutil
+
+    shutil.copytree(project, tmp_path / "copy")
+    code, _, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                  "--steps", "3", "--checkpoint-dir", str(tmp_path / "copy" / "ckpt"), "--resume")
+    assert code == 0, err
+    assert f"continuing in the run directory of the checkpoint's run, {tmp_path / 'copy' / 'run'}" in err
+    assert (tmp_path / "copy" / "m.jsonl").read_text().count('"loss"') == 3  # --metrics's file went on
+    assert (project / "m.jsonl").read_text().count('"loss"') == 2  # the original is left alone
 
 
 def test_resuming_on_other_data_says_so():
