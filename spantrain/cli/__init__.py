@@ -51,7 +51,8 @@ class _Parser(argparse.ArgumentParser):
         if extras and self.prog != "spantrain":
             import difflib
 
-            options = [o for o in self._option_string_actions if o.startswith("--")]
+            options = [o for o, a in self._option_string_actions.items()
+                       if o.startswith("--") and a.help is not argparse.SUPPRESS]  # not the internal ones
             near = next((m for x in extras if x.startswith("--")
                          for m in difflib.get_close_matches(x.split("=")[0], options, n=1, cutoff=0.8)), None)
             self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {near}?)" if near else ""))

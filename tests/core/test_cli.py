@@ -165,6 +165,8 @@ def test_an_unknown_option_is_named_by_its_command_with_the_nearest_one(run_cli)
     code, _, err = run_cli("topo", "show", "c.yaml", "--bogus")
     assert err == "spantrain topo show: error: unrecognized arguments: --bogus (see spantrain topo show --help)\n"
     assert run_cli("--bogus")[2] == "spantrain: error: unrecognized arguments: --bogus (see spantrain --help)\n"
+    # an option hidden from --help (profile's, for its own children) is not offered
+    assert "did you mean" not in run_cli("profile", "--deadlines", "3")[2]
 
 
 def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
