@@ -114,7 +114,9 @@ def evaluate_policy(net, scenarios: list[Scenario], *, steps: int, samples: int 
         ratio = env._effective(best) / env._effective(sc.start)
         ratios.append(ratio)
         adapt.append(bool(sc.running))
-        rows.append([*map(str, sc.key), "adapt" if sc.running else "plan", round(sc.start.time, 5),
+        # the key's own types: as text, W&B sorted and plotted devices and seeds as words
+        key = [k.item() if isinstance(k, np.generic) else k for k in sc.key]
+        rows.append([*key, "adapt" if sc.running else "plan", round(sc.start.time, 5),
                      round(best.time, 5), round(ratio, 4), round(time.perf_counter() - t, 3)])
     r = np.array(ratios) if ratios else np.array([1.0])
     a = np.array(adapt, dtype=bool) if ratios else np.array([False])
@@ -454,7 +456,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         if phase == "imitation" or not _diverged(model.policy):
             raise
         tracker.summary({"diverged_steps": learned["steps"]})
-        tracker.finish()
+        tracker.finish(exit_code=1)  # failed: the command ends in an error
         kept = (f"the best policy so far is {best['policy']} (start from it with TrainConfig.init_policy in another "
                 f"TrainConfig.out_dir)" if best else "no evaluated policy was kept")
         raise SpantrainError(f"PPO diverged after step {learned['steps']:,} (its weights became NaN) with "

@@ -204,6 +204,8 @@ class MetricsLog:
                 self.announce(drift_message(event, measuring=self.measuring, last_step=self.last_step))
         if self.tracker is not None:
             scalars = {k: record[k] for k in ("loss", "step_s", "samples_per_s", "loss_scale") if k in record}
+            if "overflow" in record:  # fp16: this update was skipped (1) or made (0)
+                scalars["skipped_update"] = int(record["overflow"])
             if self.predicted_step_s is not None:
                 scalars["predicted_step_s"] = self.predicted_step_s
             for r in record.get("ranks", []):

@@ -119,6 +119,10 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     # PPO's last losses, and W&B dropped them
     records = wandb_records(tmp_path / "run" / "wandb", b"table-file", b"image-file")
     assert b"table-file" in records and b"image-file" in records
+    # the final table's numbers are numbers (as text, W&B sorted devices and seeds as words)
+    (table,) = (tmp_path / "run" / "wandb").rglob("final_*.table.json")
+    row = json.loads(table.read_text())["data"][0]
+    assert [type(v) for v in row[:5]] == [str, int, int, str, int], row
     # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
     # (those two copied: a resumed part rewrites their files)
     assert versions == [(f"policy-{s}.pt", [f"step-{s}"], False) for s in (0, 48, 96)] + [

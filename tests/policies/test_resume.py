@@ -339,13 +339,16 @@ def test_ppo_that_diverges_stops_in_one_line_keeping_the_last_finite_state(run_c
     monkeypatch.setattr(MaskablePPO, "train", update_to_nan)
     run = tmp_path / "run"
     code, out, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir",
-                             tmp_path / "cache", "--no-track", *TINY)
+                             tmp_path / "cache", "--track", *TINY)
     # was a traceback: "ValueError: Expected parameter logits ... found invalid values: tensor([[nan, ..."
     assert code == 2 and out == "" and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == (
         "spantrain train-policy: error: PPO diverged after step 48 (its weights became NaN) with --learning-rate "
         f"0.0001: pass a smaller one; the best policy so far is {run / 'checkpoints' / 'policy-48.pt'} (start from "
         "it with --init-policy in another --out-dir)"), err
+    # W&B marks the run failed, as the command is (it said exit code 0)
+    (log,) = (run / "wandb" / "wandb").glob("offline-run-*/logs/debug.log")
+    assert "got exitcode: 1" in log.read_text()
     # the first update broke the weights: the state before it stands, not NaN weights
     state = ResumeState.from_dir(run)
     assert state.num_timesteps == 0 and all(bool(torch.isfinite(v).all()) for v in state.policy.values())

@@ -146,6 +146,13 @@ def test_every_iteration_sends_the_prediction_to_wandb_beside_the_measured_time(
         assert all(m["step_s"] == 0.3 and m.get("predicted_step_s") == predicted for _, m in tracker.logged)
         # no line at all when nothing was predicted, not a line at zero
         assert all(("predicted_step_s" in m) == (predicted is not None) for _, m in tracker.logged)
+    # fp16: whether the update was skipped reaches W&B too (metrics.jsonl alone had it)
+    tracker = Tracker()
+    log = MetricsLog(tmp_path / "fp16.jsonl", tracker)
+    for k, overflow in enumerate((False, True)):
+        log.step({**_record(k + 1, 0.3), "loss_scale": 2.0**16 / (1 + k), "overflow": overflow})
+    log.close()
+    assert [m["skipped_update"] for _, m in tracker.logged] == [0, 1]
 
 
 def test_a_run_after_a_cut_line_starts_on_a_line_of_its_own(tmp_path):
