@@ -18,6 +18,7 @@ file, or any policy file, instead of imitating.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -174,8 +175,6 @@ def _check_can_create(path: str | None, field: str) -> None:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run a training job; returns a summary (paths, timings, final evaluation). The run owns
     `config.out_dir` while it runs: a second run started there fails at once, naming this one."""
-    import contextlib
-
     with contextlib.ExitStack() as held:
         return _train(config, held)
 
@@ -478,6 +477,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
             tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
         if resumable and not updating["now"]:  # else the state saved at the rollout's start stands
             save_state()
+        if phase == "ppo":  # the last update's losses wait for the next rollout's dump, which will not come
+            with contextlib.suppress(Exception):
+                model.logger.dump(step=steps + 1)
         path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
                            meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,
                                  "config": asdict(config)})

@@ -370,21 +370,38 @@ def test_interrupted_training_keeps_its_weights_and_continues_from_them(run_cli,
             "--min-devices", "4", "--models", "gpt2-medium", "--pool-size", "3", "--eval-scenarios", "2",
             "--eval-every", "48", "--hidden", "16", "--layers", "1", "--no-track", "--no-progress", "--workers", "1",
             "--cache-dir", tmp_path / "cache"]
-    real_step = PlanEnv.step
-    calls = {"n": 0}
+    from sb3_contrib import MaskablePPO
 
-    def ctrl_c_on_the_30th_step(self, action):
-        calls["n"] += 1
-        if calls["n"] == 30:
+    from spantrain.tracking import Tracker
+
+    real_step, real_log, real_train = PlanEnv.step, Tracker.log, MaskablePPO.train
+    updated = {"n": 0}
+    logged: dict[str, list[int]] = {}
+
+    def update(self):
+        real_train(self)
+        updated["n"] += 1
+
+    def ctrl_c_in_the_second_rollout(self, action):
+        if updated["n"]:  # the first step after the first update
             raise KeyboardInterrupt
         return real_step(self, action)
 
+    def spy(self, metrics, step=None):
+        for key in metrics:
+            logged.setdefault(key, []).append(step)
+        real_log(self, metrics, step=step)
+
     with monkeypatch.context() as m:
-        m.setattr(PlanEnv, "step", ctrl_c_on_the_30th_step)
+        m.setattr(PlanEnv, "step", ctrl_c_in_the_second_rollout)
+        m.setattr(MaskablePPO, "train", update)
+        m.setattr(Tracker, "log", spy)
         code, _, err = run_cli("train-policy", "--timesteps", "96", "--imitation-episodes", "0",
                                "--out-dir", tmp_path / "first", *tiny)
     saved = tmp_path / "first" / "interrupted-policy.pt"
     assert code == 130 and "interrupted during PPO step" in err and f"--resume --out-dir {tmp_path / 'first'}" in err
+    # the update before the stop has its losses logged (they waited for the next rollout's dump)
+    assert len(logged.get("ppo/approx_kl", [])) == 1, logged
     first, _, meta = load_policy(saved)
     assert meta["interrupted"] == "ppo" and 0 < meta["steps"] < 96
     assert load_value_head(saved) is not None  # the critic too, so PPO picks up where it stopped
