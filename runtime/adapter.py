@@ -282,9 +282,9 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             written = _log_decisions(cfg.metrics_path, adapter.records, written)
     finally:
         _log_decisions(cfg.metrics_path, adapter.records, written)
-    if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
-        _track_decisions(cfg, adapter.records)
     whole = whole_run(result)
+    if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
+        _track_decisions(cfg, adapter.records, whole)
     _write_result(cfg, whole)  # RUN_DIR/result.json held the last plan's part alone
     return whole
 
@@ -329,16 +329,19 @@ DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "i
 """Columns of the ``adapt/decisions`` W&B table: every decision of an ``--adapt`` run, kept plans too."""
 
 
-def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]]) -> None:
+def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]], whole: dict[str, Any]) -> None:
     """Every decision as one W&B table in the job's run (`cfg.wandb_id`), at the end: the new
     plans' ranks 0 log a switch's numbers as it starts, but a decision to keep the plan has no
-    launch of its own to log it."""
+    launch of its own to log it. The summary becomes the whole run's (`whole`), where the last
+    plan's launch left its own."""
     from spantrain.tracking import Tracker
 
     with Tracker(job_type="run", dir=Path(cfg.run_dir) / "wandb", run_id=cfg.wandb_id) as tracker:
         tracker.log_table("adapt/decisions", list(DECISION_COLUMNS),
                           [[r.get(c) for c in DECISION_COLUMNS] for r in records],
                           step=0)  # the tracker moves it past the iterations the run logged
+        tracker.summary({k: whole[k] for k in ("steps", "loss_first", "loss_last", "skipped_steps", "start_step")
+                         if whole.get(k) is not None})
 
 
 def adaptation_scalars(record: dict[str, Any]) -> dict[str, float]:

@@ -103,13 +103,18 @@ def _run_args(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path, wandb_records):
+def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path, wandb_records, monkeypatch):
     # margin: the switch lands a few iterations after the change (a launcher poll, a decision, a stop)
     steps = 30
     (tmp_path / "ref").mkdir()
     ref = json.loads(spantrain_here(*_run_args(tmp_path / "ref", "ref", steps))[1])
     cluster = tmp_path / "cluster.json"
     changer = rewrite_after_step(tmp_path / "adapt" / "metrics.jsonl", cluster, 3, SLOW_WAN)
+    from spantrain.tracking import Tracker
+
+    summaries: list[dict] = []  # what the launcher sets (the workers' ranks 0 run in other processes)
+    real_summary = Tracker.summary
+    monkeypatch.setattr(Tracker, "summary", lambda self, values: summaries.append(values) or real_summary(self, values))
     code, out, err = spantrain_here(*_run_args(tmp_path, "adapt", steps, "--checkpoint-dir", str(tmp_path / "ckpt"),
                                                "--adapt", "--adapt-planner", "heuristic", "--track",
                                                "--keep-checkpoints", "10"))
@@ -124,6 +129,8 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     assert "the cluster changed after iteration" in err and "switching to the heuristic plan" in err
     assert res["start_step"] == 0 and res["final_step"] == steps and len(res["losses"]) == steps
     assert res["steps"] == steps  # was the last plan's alone
+    # and so is W&B's summary, which held the last plan's launch's own figures
+    assert summaries[-1]["steps"] == steps and summaries[-1]["loss_first"] == res["losses"][0]
     # the run directory's result is the whole run's too, not the last plan's (it said "resumed from")
     machine = ("cpu_cores", "oversubscribed", "emulated")  # what the command adds to the file's result
     assert json.loads((tmp_path / "adapt" / "result.json").read_text()) == {k: v for k, v in res.items()
