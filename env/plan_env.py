@@ -294,7 +294,9 @@ class PlanEnv(gym.Env):
             if scenario.start.feasible:
                 self.load(scenario)
                 return self._obs(), self._info()
-        raise SpantrainError("could not draw a scenario with a feasible starting plan in 50 tries")
+        raise SpantrainError("could not draw a scenario with a feasible starting plan in 50 tries: the models fit "
+                             "none of the clusters drawn; allow larger clusters (min_devices, max_devices), smaller "
+                             "models, or a larger pool (pool_size)")
 
     # ---- dynamics -------------------------------------------------------------------------
 

@@ -372,3 +372,13 @@ def test_ctrl_c_during_the_heuristic_starts_says_what_is_kept(run_cli, tmp_path,
     assert code == 130 and out == "" and err.strip().splitlines() == [
         "spantrain train-policy: interrupted during the heuristic starts, before any training; the starts computed so "
         f"far stay cached in {tmp_path / 'cache'}: the same command again continues from them"], err
+
+
+def test_a_pool_whose_models_fit_none_of_its_clusters_says_what_to_widen(run_cli, tmp_path):
+    # it said "could not draw a scenario with a feasible starting plan in 50 tries", and no more
+    args = [a if a != "gpt2-medium" else "llama2-7b" for a in TINY]
+    code, out, err = run_cli("train-policy", *args, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
+                             tmp_path / "cache")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("the models fit none of the clusters drawn; allow larger clusters (min_devices, "
+                                "max_devices), smaller models, or a larger pool (pool_size)"), err
