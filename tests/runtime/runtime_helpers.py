@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,20 @@ def default_stop_signals() -> None:
     would do neither."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def ctrl_c(proc: subprocess.Popen, when_ready: Callable[[], bool], timeout_s: float = 180) -> tuple[str, str]:
+    """Ctrl-C to `proc`'s process group (started in its own session) once `when_ready()` holds
+    (or after `timeout_s`): its (stdout, stderr). It is killed if anything goes wrong on the way."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not when_ready():
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def plan(schedule: str, sync: str, pipelines: list[tuple[int, int, list[tuple[str, int, int]]]],

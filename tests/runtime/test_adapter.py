@@ -276,13 +276,10 @@ def test_a_network_file_that_does_not_load_is_named_as_the_emulated_network(tmp_
 def test_ctrl_c_after_a_switch_reports_the_whole_run(tmp_path):
     """The report of a stopped run, on the terminal and in RUN_DIR/result.json, is the command's: it
     was the last plan's part ("trained iterations 5..11", resumed from a checkpoint it never named)."""
-    import os
-    import signal
     import subprocess
     import sys
-    import time
 
-    from runtime_helpers import default_stop_signals
+    from runtime_helpers import ctrl_c, default_stop_signals
 
     from spantrain.runtime.metrics import read_step_records
 
@@ -293,20 +290,14 @@ def test_ctrl_c_after_a_switch_reports_the_whole_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=default_stop_signals)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # two iterations into the new plan
-            events = [json.loads(x) for x in (tmp_path / "adapt" / "metrics.jsonl").read_text().splitlines()] \
-                if (tmp_path / "adapt" / "metrics.jsonl").exists() else []
-            starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
-            if len(starts) == 2 and sum(1 for e in events[starts[1]:] if "loss" in e) >= 2:
-                break
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    metrics = tmp_path / "adapt" / "metrics.jsonl"
+
+    def two_iterations_into_the_new_plan() -> bool:
+        events = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+        return len(starts) == 2 and sum(1 for e in events[starts[1]:] if "loss" in e) >= 2
+
+    out, err = ctrl_c(proc, two_iterations_into_the_new_plan)
     assert proc.returncode == 130, err
     res = json.loads(out)
     assert json.loads((tmp_path / "adapt" / "result.json").read_text()) == res  # a stopped run's report is the file
