@@ -116,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except MemoryError:  # a cluster and model at the limits can outgrow this machine's memory
+        _say(f"spantrain {args.command}: error: ran out of memory: this cluster and model are too large to "
+             f"{args.command} on this machine; use fewer devices or layers, or a machine with more memory")
+        return 2
     except OSError as e:
         if e.filename is None:
             raise

@@ -341,3 +341,33 @@ def test_beyond_the_devices_the_policy_plans_ppo_refuses_and_auto_plans_with_the
     a = adapt.adapt_plan(cluster, workload, running, planner="auto")
     assert "ppo" not in {o.name for o in a.options}
     assert "12 devices, more than the policy plans (8): adapting without it" in capsys.readouterr().err
+
+
+def test_a_huge_speed_up_is_printed_with_its_magnitude(run_cli, tmp_path):
+    # figures at the spec's limits made a 56-digit ratio whose "x" the table cut off
+    spec = {"name": "huge", "devices": [{"id": "g", "count": 4, "region": r, "tflops": 1e30, "memory_gb": 1e30}
+                                        for r in ("a", "b")],
+            "network": {"regions": {"a": {"gbps": 1e30, "latency_ms": 1e-30}, "b": {"gbps": 1e30, "latency_ms": 1e-30}},
+                        "default": {"gbps": 1e-30, "latency_ms": 1e30}}}
+    for d, name in zip(spec["devices"], ("a", "b"), strict=True):
+        d["id"] = name
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out, err = run_cli("compare", "--cluster", path, "--model", "gpt2-medium", "--planners", "heuristic,ddp")
+    assert code == 0, err
+    (row,) = [line for line in out.splitlines() if line.startswith("│ heuristic")]
+    speedup = row.split("│")[4].strip()
+    assert speedup.endswith("x") and "e+" in speedup and len(speedup) <= 10, row
+
+
+def test_running_out_of_memory_is_one_line(run_cli, cluster_file, monkeypatch):
+    from spantrain.policies.heuristic import HeuristicPlanner
+
+    def too_big(self, ev):
+        raise MemoryError
+
+    monkeypatch.setattr(HeuristicPlanner, "best_candidate", too_big)
+    code, out, err = run_cli("plan", "--cluster", cluster_file, "--model", "gpt2-small", "--planner", "heuristic")
+    assert code == 2 and out == "" and err == (
+        "spantrain plan: error: ran out of memory: this cluster and model are too large to plan on this machine; "
+        "use fewer devices or layers, or a machine with more memory\n")
