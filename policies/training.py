@@ -391,65 +391,66 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     phase = "imitation"
     rounds_done: list = []  # imitation's statistics, round by round
     try:
-        if config.imitation_episodes and init is None and resumed is None:
-            from spantrain.policies.imitation import clone
+        with interrupts_unwrapped():  # a stop signal inside a compiled kernel comes out as SystemError
+            if config.imitation_episodes and init is None and resumed is None:
+                from spantrain.policies.imitation import clone
 
-            expert_env = PlanEnv(env_cfg, start=starts)
-            expert_env.reset(seed=config.seed + 7)
-            clone(model.policy, expert_env, episodes=config.imitation_episodes, rounds=config.imitation_rounds,
-                  epochs=config.imitation_epochs, gamma=config.gamma, seed=config.seed, progress=config.progress,
-                  stats=rounds_done)
-            imitation = [asdict(s) for s in rounds_done]
-            tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
-        phase = "ppo"
-        # the starting policy (imitation's, or --init-policy's) is evaluated as step 0, also by a
-        # resumed run that was stopped during that evaluation
-        started_from = imitation or init is not None or (resumed is not None and resumed.config.get("init_policy"))
-        if started_from and model.num_timesteps == 0 and not any(p["steps"] == 0 for p in curve):
-            checkpoint(0)
-        if config.timesteps > model.num_timesteps:
-            hooks = Hooks()
-            try:
-                model.learn(total_timesteps=config.timesteps - model.num_timesteps, callback=hooks,
-                            reset_num_timesteps=resumed is None)
-            finally:  # on Ctrl-C too: the interrupted line then starts on a line of its own
-                hooks.close()
-            learned["steps"] = model.num_timesteps
-            updating["now"] = False
-            # SB3 dumps an update's losses with the next rollout's figures: the last update's are left,
-            # and one step on (the last rollout's step already holds the update before: W&B merged the two)
-            model.logger.dump(step=model.num_timesteps + 1)
-        t_train = elapsed()
-        phase = "final evaluation"
-        net.eval()
-        final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
-        phase = "saving the policies"
-        # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
-        # final policy (as they name the checkpoints)
-        meta = {"timesteps": model.num_timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
-                "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
-                "curve": curve, "imitation": imitation, "config": asdict(config)}
-        policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta,
-                                  value=model.policy.value_net)
-        if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
-            best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
-        # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
-        chosen, _, _ = load_policy(best["policy"])
-        best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
-                                         meta={**meta, "selected_steps": best["steps"]},
-                                         value=load_value_head(best["policy"])))
-        rows_path = _write_rows(out / "final_eval.csv", final["rows"])
-        summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts,
-                   "curve": curve, "imitation": imitation, "final": meta["final_eval"],
-                   "final_rows": str(rows_path), "wandb": wandb_run}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        save_state(finished=True)
-        stale = out / "interrupted-policy.pt"
-        if resumed is not None and stale.exists():
-            # the weights where the run was stopped, now older than every policy beside them
-            stale.unlink()
-            print(f"train-policy: removed {stale} (the weights where this run was stopped; its policies are now "
-                  f"{policy_path.name} and {Path(best['policy']).name})", file=sys.stderr)
+                expert_env = PlanEnv(env_cfg, start=starts)
+                expert_env.reset(seed=config.seed + 7)
+                clone(model.policy, expert_env, episodes=config.imitation_episodes, rounds=config.imitation_rounds,
+                      epochs=config.imitation_epochs, gamma=config.gamma, seed=config.seed, progress=config.progress,
+                      stats=rounds_done)
+                imitation = [asdict(s) for s in rounds_done]
+                tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
+            phase = "ppo"
+            # the starting policy (imitation's, or --init-policy's) is evaluated as step 0, also by a
+            # resumed run that was stopped during that evaluation
+            started_from = imitation or init is not None or (resumed is not None and resumed.config.get("init_policy"))
+            if started_from and model.num_timesteps == 0 and not any(p["steps"] == 0 for p in curve):
+                checkpoint(0)
+            if config.timesteps > model.num_timesteps:
+                hooks = Hooks()
+                try:
+                    model.learn(total_timesteps=config.timesteps - model.num_timesteps, callback=hooks,
+                                reset_num_timesteps=resumed is None)
+                finally:  # on Ctrl-C too: the interrupted line then starts on a line of its own
+                    hooks.close()
+                learned["steps"] = model.num_timesteps
+                updating["now"] = False
+                # SB3 dumps an update's losses with the next rollout's figures: the last update's are left,
+                # and one step on (the last rollout's step already holds the update before: W&B merged the two)
+                model.logger.dump(step=model.num_timesteps + 1)
+            t_train = elapsed()
+            phase = "final evaluation"
+            net.eval()
+            final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
+            phase = "saving the policies"
+            # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
+            # final policy (as they name the checkpoints)
+            meta = {"timesteps": model.num_timesteps, "train_s": round(t_train, 1), "starts_s": round(t_starts, 1),
+                    "starts_computed": missing, "final_eval": {k: v for k, v in final.items() if k != "rows"},
+                    "curve": curve, "imitation": imitation, "config": asdict(config)}
+            policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta,
+                                      value=model.policy.value_net)
+            if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
+                best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
+            # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
+            chosen, _, _ = load_policy(best["policy"])
+            best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
+                                             meta={**meta, "selected_steps": best["steps"]},
+                                             value=load_value_head(best["policy"])))
+            rows_path = _write_rows(out / "final_eval.csv", final["rows"])
+            summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts,
+                       "curve": curve, "imitation": imitation, "final": meta["final_eval"],
+                       "final_rows": str(rows_path), "wandb": wandb_run}
+            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            save_state(finished=True)
+            stale = out / "interrupted-policy.pt"
+            if resumed is not None and stale.exists():
+                # the weights where the run was stopped, now older than every policy beside them
+                stale.unlink()
+                print(f"train-policy: removed {stale} (the weights where this run was stopped; its policies are now "
+                      f"{policy_path.name} and {Path(best['policy']).name})", file=sys.stderr)
     except (ValueError, RuntimeError):
         # PPO diverged: NaN weights fail the next forward pass (torch's distribution or sampling)
         if phase == "imitation" or not _diverged(model.policy):
@@ -512,6 +513,19 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                                   f"is in {best['policy']}, the summary in {out / 'summary.json'}",
                                   Path(best["policy"]), {"phase": "finishing", "summary": summary}) from None
     return summary
+
+
+@contextlib.contextmanager
+def interrupts_unwrapped():
+    """Ctrl-C (or SIGTERM/SIGHUP) raised while numba loads a compiled kernel on its first call
+    reaches the caller as ``SystemError: ... returned a result with an exception set``: give
+    the stop back as what it is, so the run saves its state as on any stop."""
+    try:
+        yield
+    except SystemError as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            raise e.__cause__ from None
+        raise
 
 
 def _by(stop: KeyboardInterrupt) -> str:

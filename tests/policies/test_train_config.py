@@ -382,3 +382,27 @@ def test_a_pool_whose_models_fit_none_of_its_clusters_says_what_to_widen(run_cli
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.strip().endswith("the models fit none of the clusters drawn; allow larger clusters (min_devices, "
                                 "max_devices), smaller models, or a larger pool (pool_size)"), err
+
+
+def test_a_stop_inside_a_compiled_kernels_first_call_stops_the_run_as_any_stop(run_cli, tmp_path, monkeypatch):
+    """SIGHUP landed while numba loaded a kernel: "SystemError: ... returned a result with an exception
+    set" ended the run with a traceback (exit 1), its state unsaved."""
+    from spantrain.env.plan_env import PlanEnv
+    from spantrain.runtime.stop_signals import Terminated
+
+    real_step = PlanEnv.step
+    calls = {"n": 0}
+
+    def wrapped_stop(self, action):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            try:
+                raise Terminated("by SIGHUP")
+            except Terminated as e:
+                raise SystemError("CPUDispatcher(...) returned a result with an exception set") from e
+        return real_step(self, action)
+
+    monkeypatch.setattr(PlanEnv, "step", wrapped_stop)
+    code, _, err = run_cli("train-policy", *TINY, "--imitation-episodes",
+                             "0", "--no-track", "--out-dir", tmp_path / "run", "--cache-dir", tmp_path / "cache")
+    assert code == 130 and "Traceback" not in err and "interrupted by SIGHUP during PPO step" in err, err
