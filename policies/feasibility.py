@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from spantrain.env.calibration import C_RESERVED, C_STATE
 from spantrain.env.costmodel import CostModel
 from spantrain.errors import PlannerError
 from spantrain.estimate import fmt_memory
 
-__all__ = ["memory_floor", "no_fit_error"]
+__all__ = ["memory_floor", "fits_nowhere", "no_fit_error"]
 
 
 def memory_floor(model: CostModel, num_stages: int) -> float:
@@ -30,6 +31,17 @@ def memory_floor(model: CostModel, num_stages: int) -> float:
                 best = min(best, v)
             V[s, b] = best
     return float(V[S, L])
+
+
+def fits_nowhere(model: CostModel) -> bool:
+    """Whether no plan can fit, by bounds every plan obeys whatever its cuts, micro-batches and
+    schedule: some device holds each layer's training state whole (plus its reserved bytes),
+    and the devices together hold every layer's. (`memory_floor` is no such bound: fewer
+    stages, or fewer micro-batches in flight, can need less.)"""
+    per_param, reserved = float(model.calib[C_STATE]), float(model.calib[C_RESERVED])
+    layer_state = np.diff(model.params_prefix) * per_param
+    room = np.maximum(model.capacity_bytes - reserved, 0.0)
+    return bool(layer_state.max() > room.max() or model.params_prefix[-1] * per_param > room.sum())
 
 
 def no_fit_error(model: CostModel, planner: str) -> PlannerError:

@@ -32,7 +32,7 @@ from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
-from spantrain.policies.feasibility import no_fit_error
+from spantrain.policies.feasibility import fits_nowhere, no_fit_error
 from spantrain.workload import Workload
 
 __all__ = ["GeneticConfig", "GeneticPlanner", "MAX_BUDGET_S"]
@@ -72,17 +72,6 @@ class GeneticConfig:
             raise PlannerError(f"ga: max_generations must be a positive integer or None, got {g!r}")
 
 
-def _fits_nowhere(model) -> bool:
-    """Whether no plan can fit, by bounds every plan obeys whatever its cuts, micro-batches and
-    schedule: some device holds each layer's training state whole (plus its reserved bytes),
-    and the devices together hold every layer's. (`memory_floor` is no such bound: fewer
-    stages, or fewer micro-batches in flight, can need less.)"""
-    per_param, reserved = float(model.calib[2]), float(model.calib[6])
-    layer_state = np.diff(model.params_prefix) * per_param
-    room = np.maximum(model.capacity_bytes - reserved, 0.0)
-    return bool(layer_state.max() > room.max() or model.params_prefix[-1] * per_param > room.sum())
-
-
 @dataclass(frozen=True)
 class _Genome:
     perm: tuple[int, ...]
@@ -111,7 +100,7 @@ class GeneticPlanner:
         t0 = time.perf_counter()
         rng = np.random.default_rng(cfg.seed)
         n = len(ev.cluster)
-        if _fits_nowhere(ev.model):  # say so now, not after the whole budget
+        if fits_nowhere(ev.model):  # say so now, not after the whole budget
             raise no_fit_error(ev.model, self.name)
         self._n = n
         self._L = ev.model.num_layers

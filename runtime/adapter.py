@@ -219,6 +219,13 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     written = 0
     resumed_from = None  # the first launch's: the later ones resume from the switches' checkpoints
 
+    def add_segment(result: dict[str, Any]) -> None:
+        nonlocal resumed_from
+        if not segments:
+            resumed_from = result.get("resumed_from")
+        segments.append({k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s",
+                                                "predicted_step_s")})
+
     def whole_run(result: dict[str, Any]) -> dict[str, Any]:
         # steps: the whole run's (the last plan's result counted its own only); step_s, samples_per_s:
         # the last plan's, each plan's in segments
@@ -237,9 +244,7 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                 partial = Path(cfg.run_dir) / "result.json"
                 if partial.exists():
                     result = json.loads(partial.read_text())
-                    if not segments:
-                        resumed_from = result.get("resumed_from")
-                    segments.append(_segment(result))
+                    add_segment(result)
                     _write_result(cfg, whole_run(result))
                 raise
             except StopTimedOut as e:
@@ -252,9 +257,7 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                           "checkpoint": str(latest) if latest else None, "predicted_step_s": cfg.predicted_step_s,
                           "prediction_calibration": cfg.prediction_calibration,
                           "prediction_comparable": cfg.prediction_comparable}
-            if not segments:
-                resumed_from = result.get("resumed_from")
-            segments.append(_segment(result))
+            add_segment(result)
             switch = adapter.take_switch()
             if switch is None or not result["stopped_early"]:
                 break
@@ -292,11 +295,6 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
 def _write_result(cfg: RunConfig, result: dict[str, Any]) -> None:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # removed mid-run: the training is done
     write_text_atomic(Path(cfg.run_dir) / "result.json", json.dumps(result, indent=1) + "\n")
-
-
-def _segment(result: dict[str, Any]) -> dict[str, Any]:
-    """One plan's part of an adapting run."""
-    return {k: result[k] for k in ("start_step", "final_step", "plan", "step_s", "samples_per_s", "predicted_step_s")}
 
 
 def _checkpoint_step(path: Path | None) -> int:

@@ -255,22 +255,23 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, clu
     return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"
 
 
-def _job_dir(state: dict[str, Any], key: str) -> Path | None:
-    """Where the checkpoint's job kept its run directory (`key` "run_dir") or metrics file
-    ("metrics_path"), when that directory is still the job's own: found relative to the
-    checkpoint (a copied project continues in the copy) and holding the job's id (another
-    job's directory made in the same place since is not taken over)."""
+def _job_paths(state: dict[str, Any]) -> tuple[Path, Path | None] | None:
+    """The checkpoint's job's run directory and metrics file, while that directory is still the
+    job's own: found relative to the checkpoints (a copied project continues in the copy) and
+    holding the job's id (another job's directory made in the same place since is not taken over)."""
     from spantrain.runtime.launcher import JOB_ID_FILE
 
-    rel, job = state.get(key), state.get("job_id")
+    rel, job, metrics = state.get("run_dir"), state.get("job_id"), state.get("metrics_path")
     if not (isinstance(rel, str) and rel and isinstance(job, str) and job):
         return None
-    path = (Path(state["path"]).parent / rel).resolve()
-    run_dir = path if key == "run_dir" else (Path(state["path"]).parent / state.get("run_dir", "")).resolve()
+    base = Path(state["path"]).parent
+    run_dir = (base / rel).resolve()
     try:
-        return path if (run_dir / JOB_ID_FILE).read_text().strip() == job else None
+        if (run_dir / JOB_ID_FILE).read_text().strip() != job:
+            return None
     except (OSError, UnicodeDecodeError):
         return None
+    return run_dir, (base / metrics).resolve() if isinstance(metrics, str) and metrics else None
 
 
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
@@ -453,13 +454,13 @@ def _run(args: argparse.Namespace) -> int:
         _check_checkpoint_dir(args.checkpoint_dir, args.resume)
     if args.metrics:
         _check_metrics_dir(args.metrics)
-    if args.resume and not args.run_dir and not torchrun and (own_dir := _job_dir(state, "run_dir")):
+    if args.resume and not args.run_dir and not torchrun and (own := _job_paths(state)):
         # the checkpoint's run goes on: its metrics file and W&B run continue (a new directory each time
         # split one run's records over many)
-        args.run_dir = str(own_dir)
+        args.run_dir = str(own[0])
         _note(f"continuing in the run directory of the checkpoint's run, {args.run_dir} (--run-dir to choose another)")
-        if not args.metrics and (metrics := _job_dir(state, "metrics_path")) and metrics.is_file():
-            args.metrics = str(metrics)  # it wrote its metrics elsewhere (--metrics): they go on there
+        if not args.metrics and own[1] is not None and own[1].is_file():
+            args.metrics = str(own[1])  # it wrote its metrics elsewhere (--metrics): they go on there
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
     # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
