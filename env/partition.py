@@ -12,7 +12,9 @@ gradient, occupies the link), and the fill is the sum over stages and links of o
 micro-batch's times (plus link latencies). Every stage must fit its device's memory
 (`CostModel.stage_memory` with the schedule's in-flight micro-batches per position).
 
-Passes of O(S x L^2) over prefix sums (compiled with numba):
+Passes of O(S x L^2) time and O(S x L) memory over prefix sums (compiled with numba; a
+stage's seconds and memory are worked out where a pass reads them, from prefix sums and a
+sparse table of activation maxima):
 
 1. min-max: the smallest achievable bottleneck T*;
 2. the partition of least fill among those whose every stage and link is <= T, for T =
@@ -63,40 +65,52 @@ _TIE = 1e-6
 _INF = np.inf
 
 
+def _max_table(act: np.ndarray) -> np.ndarray:
+    """Sparse table of `act`: row k, column x is the largest of act[x : x + 2^k], so the
+    largest of any range is the larger of two entries (`_range_max`), in O(L log L) memory.
+    The last row holds floor(log2(n)) at column n, which picks the row for a range of n."""
+    L = len(act)
+    rows = [np.asarray(act, dtype=np.float64)]
+    while 2 ** len(rows) <= L:
+        prev, w = rows[-1], 2 ** (len(rows) - 1)
+        rows.append(np.maximum(prev[:-w], prev[w:]))
+    table = np.zeros((len(rows) + 1, L + 1))
+    for k, row in enumerate(rows):
+        table[k, :len(row)] = row
+    table[-1, 1:] = [n.bit_length() - 1 for n in range(1, L + 1)]
+    return table
+
+
 @njit(cache=True)
-def _stage_ok(d, a, b, m, infl, pp, pa, bb, amax, cap, state, reserved, L):
+def _range_max(big, lo, hi):
+    """The largest of act[lo:hi] (lo < hi) from its sparse table `big` (`_max_table`)."""
+    k = int(big[-1, hi - lo])
+    x = big[k, lo]
+    y = big[k, hi - (1 << k)]
+    return x if x > y else y
+
+
+@njit(cache=True)
+def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L):
+    """Bytes a stage holding cut positions [a, b) needs (`CostModel.stage_memory`)."""
     in_b = bb[a - 1] if a > 0 else 0.0
     out_b = bb[b - 1] if b < L else 0.0
-    mem = ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
-           + m * amax[a, b] + reserved)
-    return mem <= cap[d]
+    return ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
+            + m * _range_max(big, P[a], P[b]) + reserved)
 
 
 @njit(cache=True)
-def _range_max(act, P):
-    """[i, j]: the largest of act[P[i]:P[j]] (j > i), for cut positions P."""
-    n = P.shape[0]
-    out = np.zeros((n, n))
-    for i in range(n - 1):
-        big = 0.0
-        j = i + 1
-        for x in range(P[i], P[n - 1]):
-            if act[x] > big:
-                big = act[x]
-            while j < n and P[j] == x + 1:
-                out[i, j] = big
-                j += 1
-    return out
-
-
-@njit(cache=True)
-def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m, M, n_ops, check_memory,
+def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl, m, M, n_ops, check_memory,
                tie=0.0):
-    """Stage start layers (length S) of the best partition, or an empty array if none fits.
+    """Stage start positions (indices into the cut positions P, length S) of the best
+    partition, or an empty array if none fits.
 
-    tfb: per-device per-sample prefix of F + B + W seconds, (devices, L + 1); op_dev: each
-    device's fixed seconds per compute op, paid `n_ops` times per micro-batch. `tie` > 0
-    breaks ties of fill towards even stages (`_least_fill`)."""
+    tfb: per-device per-sample prefix of F + B + W seconds at each position, (devices, len(P));
+    op_dev: each device's fixed seconds per compute op, paid `n_ops` times per micro-batch;
+    big: the sparse max table of activation bytes per layer (`_max_table`). `tie` > 0
+    breaks ties of fill towards even stages (`_least_fill`). A stage's seconds are worked
+    out where a pass needs them, not tabled: an S x len(P)^2 table took gigabytes at
+    hundreds of stages, and the passes read only a sliver of it."""
     S = devs.shape[0]
     L = bb.shape[0]
     empty = np.empty(0, np.int64)
@@ -106,19 +120,7 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     state = calib[C_STATE]
     reserved = calib[C_RESERVED]
     fixed = op_dev * n_ops  # each device's per-micro-batch op overhead
-    # cost[s, a, b]: per-micro-batch seconds of stage s holding [a, b) (inf: does not fit);
-    # the first stage starts at 0, the last ends at L, every stage holds at least one layer
-    cost = np.full((S, L + 1, L + 1), _INF)
-    for s in range(S):
-        d = devs[s]
-        a_hi = 0 if s == 0 else L - (S - s)
-        for a in range(s, a_hi + 1):
-            b_lo = L if s == S - 1 else a + 1
-            for b in range(b_lo, L - (S - s - 1) + 1):
-                if check_memory and not _stage_ok(d, a, b, m, infl[s], pp, pa, bb, amax, cap, state, reserved, L):
-                    continue
-                cost[s, a, b] = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
-    # link[s, a]: occupancy of the link into stage s (s >= 1) when it starts at layer a
+    # link[s, a]: occupancy of the link into stage s (s >= 1) when it starts at position a
     link = np.zeros((S, L + 1))
     link_fill = np.zeros((S, L + 1))
     for s in range(1, S):
@@ -130,7 +132,8 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
             link[s, a] = occ
             link_fill[s, a] = 2.0 * occ + lat[d0, d1] + lat[d1, d0]
     # pass 1: min-max. A stage's compute time only grows as its first layer moves down,
-    # so the scan over first layers goes downwards and stops once compute alone reaches the best
+    # so the scan over first layers goes downwards and stops once compute alone reaches the best.
+    # The first stage starts at 0 and the last ends at L (V[0, a > 0] is inf; b's range).
     V = np.full((S + 1, L + 1), _INF)
     V[0, 0] = 0.0
     for s in range(1, S + 1):
@@ -142,15 +145,15 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
                     break
                 if V[s - 1, a] == _INF:
                     continue
-                c = cost[s - 1, a, b]
-                if c == _INF:
-                    continue
+                c = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
                 v = V[s - 1, a]
                 if c > v:
                     v = c
                 if s > 1 and link[s - 1, a] > v:
                     v = link[s - 1, a]
-                if v < best:
+                # the memory check, the costliest step, only for a range that would be the best
+                if v < best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
+                                                                reserved, L) <= cap[d]):
                     best = v
             V[s, b] = best
     t_star = V[S, L]
@@ -161,10 +164,10 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     U = np.empty((S + 1, L + 1))
     arg = np.empty((S + 1, L + 1), np.int64)
     tie = tie / t_star if t_star > 0 else 0.0
-    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), cost, link, link_fill, S, L, U, arg,
-                                          devs, tfb, fixed, m, tie)
+    args = (devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory)
+    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), link, link_fill, S, U, arg, tie, args)
     best_obj = (M - 1) * bott + fill
-    starts, fill_min, bott = _least_fill(_INF, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie)
+    starts, fill_min, bott = _least_fill(_INF, link, link_fill, S, U, arg, tie, args)
     obj = (M - 1) * bott + fill_min
     if obj < best_obj * (1.0 - 1e-12):
         best_obj = obj
@@ -172,8 +175,7 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
     for q in range(SLACKS.shape[0]):
         if (M - 1) * t_star + fill_min >= best_obj * (1.0 - 1e-9):
             break
-        starts, fill, bott = _least_fill(t_star * SLACKS[q], cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m,
-                                         tie)
+        starts, fill, bott = _least_fill(t_star * SLACKS[q], link, link_fill, S, U, arg, tie, args)
         obj = (M - 1) * bott + fill
         if obj < best_obj * (1.0 - 1e-12):
             best_obj = obj
@@ -182,13 +184,15 @@ def _partition(devs, tfb, op_dev, bb, bw, lat, pp, pa, amax, cap, calib, infl, m
 
 
 @njit(cache=True)
-def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie):
+def _least_fill(T, link, link_fill, S, U, arg, tie, args):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
     (starts, fill, actual bottleneck); fill inf when there is none. First layers whose
-    stage compute alone exceeds T are skipped (`devs`, `tfb`, `fixed`, `m` give it); the
-    scan keeps ascending order, so ties resolve as without the skip. `tie` > 0 adds
-    tie x stage seconds squared to each stage: of partitions with the same fill (identical
-    layers), the evenest; the fill returned is without it."""
+    stage compute alone exceeds T are skipped; the scan keeps ascending order, so ties
+    resolve as without the skip. `tie` > 0 adds tie x stage seconds squared to each stage:
+    of partitions with the same fill (identical layers), the evenest; the fill returned is
+    without it. `args`: what a stage's seconds and memory take (`_partition`)."""
+    devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory = args
+    L = bb.shape[0]
     U[:, :] = _INF
     U[0, 0] = 0.0
     for s in range(1, S + 1):
@@ -204,15 +208,16 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie
             for a in range(a0, b):
                 if U[s - 1, a] == _INF:
                     continue
-                c = cost[s - 1, a, b]
+                if s > 1 and link[s - 1, a] > T:
+                    continue
+                c = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
                 if c > T:
                     continue
                 u = U[s - 1, a] + c + tie * c * c
                 if s > 1:
-                    if link[s - 1, a] > T:
-                        continue
                     u += link_fill[s - 1, a]
-                if u < best:
+                if u < best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
+                                                                reserved, L) <= cap[d]):
                     best = u
                     ba = a
             U[s, b] = best
@@ -226,9 +231,10 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie
     for s in range(S, 0, -1):
         a = arg[s, b]
         starts[s - 1] = a
-        fill += cost[s - 1, a, b]
-        if cost[s - 1, a, b] > bott:
-            bott = cost[s - 1, a, b]
+        c = m * (tfb[devs[s - 1], b] - tfb[devs[s - 1], a]) + fixed[devs[s - 1]]
+        fill += c
+        if c > bott:
+            bott = c
         if s > 1:
             fill += link_fill[s - 1, a]
             if link[s - 1, a] > bott:
@@ -238,9 +244,10 @@ def _least_fill(T, cost, link, link_fill, S, L, U, arg, devs, tfb, fixed, m, tie
 
 
 @njit(cache=True)
-def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
+def _memory_ratio(devs, P, bb, pp, pa, big, cap, calib, infl, m):
     """(min over partitions of the max over stages of stage memory / device memory, the
-    stage starts of such a partition): the ratio is <= 1 exactly when some partition fits."""
+    stage starts of such a partition, as indices into P): the ratio is <= 1 exactly when
+    some partition fits."""
     S = devs.shape[0]
     L = bb.shape[0]
     starts = np.zeros(S, np.int64)
@@ -255,18 +262,21 @@ def _memory_ratio(devs, bb, pp, pa, amax, cap, calib, infl, m):
         d = devs[s - 1]
         for b in range(s, L - (S - s) + 1):
             best = _INF
-            for a in range(s - 1, b):
+            # downwards, stopping once the stage's memory without its boundary messages (which
+            # only grows as its first layer moves down) exceeds the best; of equal ratios the
+            # lowest first layer, as an upward scan would pick
+            for a in range(b - 1, s - 2, -1):
+                held = ((pp[b] - pp[a]) * state + infl[s - 1] * m * (pa[b] - pa[a]) + m * _range_max(big, P[a], P[b])
+                        + reserved) / cap[d]
+                if held > best:
+                    break
                 v = V[s - 1, a]
                 if v == _INF:
                     continue
-                in_b = bb[a - 1] if a > 0 else 0.0
-                out_b = bb[b - 1] if b < L else 0.0
-                mem = ((pp[b] - pp[a]) * state + infl[s - 1] * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
-                       + m * amax[a, b] + reserved)
-                r = mem / cap[d]
+                r = _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state, reserved, L) / cap[d]
                 if r > v:
                     v = r
-                if v < best:
+                if v <= best:
                     best = v
                     arg[s, b] = a
             V[s, b] = best
@@ -335,6 +345,7 @@ class Partitioner:
         self.num_layers = L
         self._tfb = np.ascontiguousarray(model.forward_prefix + model.input_grad_prefix + model.weight_grad_prefix)
         act = model.activation_bytes
+        self._big = _max_table(act)
         self._bb = np.ascontiguousarray(model.boundary_bytes)
         # the cut positions the DP passes consider: every layer boundary, or for deep models
         # evenly spaced ones (module docstring); the arrays below are the DP's view of them
@@ -380,9 +391,9 @@ class Partitioner:
         if coarse and not len(starts) and check_memory and self._near_fit(devs, cuts, view, infl, m):
             # it may fit only with a cut between coarse positions: the exact memory DP says so,
             # and where (its partition then starts the refinement)
-            _, bb, pp, pa, amax = self._positions(self.num_layers)[1]
-            ratio, fits = _memory_ratio(devs, bb, pp, pa, amax, self.model.capacity_bytes, self.model.calib, infl,
-                                        float(m))
+            _, P, bb, pp, pa = self._positions(self.num_layers)[1]
+            ratio, fits = _memory_ratio(devs, P, bb, pp, pa, self._big, self.model.capacity_bytes, self.model.calib,
+                                        infl, float(m))
             if ratio <= 1.0:
                 starts = fits
         if coarse and len(starts):
@@ -411,8 +422,8 @@ class Partitioner:
         interval changes (that interval's state and activations, its largest activation and
         boundaries), else the exact memory DP, quadratic in the layers, is not worth running."""
         mdl = self.model
-        _, bb, pp, pa, amax = view
-        ratio = _memory_ratio(devs, bb, pp, pa, amax, mdl.capacity_bytes, mdl.calib, infl, float(m))[0]
+        _, P, bb, pp, pa = view
+        ratio = _memory_ratio(devs, P, bb, pp, pa, self._big, mdl.capacity_bytes, mdl.calib, infl, float(m))[0]
         state = mdl.calib[C_STATE]
         span = (state * np.max(np.diff(pp)) + float(np.max(infl)) * m * np.max(np.diff(pa))
                 + m * float(np.max(self._act)) + 4.0 * m * float(np.max(self._bb)))
@@ -441,18 +452,18 @@ class Partitioner:
 
     def _at(self, P: np.ndarray) -> tuple[np.ndarray, ...]:
         """The DP's arrays for cut positions `P` (0 and L among them): compute prefixes, the
-        boundary at each position, parameter and activation prefixes, activation maxima."""
+        positions, the boundary at each position, parameter and activation prefixes."""
         mdl = self.model
-        return (np.ascontiguousarray(self._tfb[:, P]), np.ascontiguousarray(self._bb[P[1:] - 1]),
-                np.ascontiguousarray(mdl.params_prefix[P]), np.ascontiguousarray(mdl.activation_prefix[P]),
-                _range_max(self._act, P))
+        return (np.ascontiguousarray(self._tfb[:, P]), np.ascontiguousarray(P, dtype=np.int64),
+                np.ascontiguousarray(self._bb[P[1:] - 1]), np.ascontiguousarray(mdl.params_prefix[P]),
+                np.ascontiguousarray(mdl.activation_prefix[P]))
 
     def _run(self, devs, P, view, infl, m, M, n_ops, check_memory, tie) -> np.ndarray:
         """`_partition` over the cut positions `P`; the stage start layers (empty: none fits)."""
-        tfb, bb, pp, pa, amax = view
+        tfb, P, bb, pp, pa = view
         mdl = self.model
-        starts = _partition(devs, tfb, self._op, bb, mdl.bandwidth, mdl.latency, pp, pa, amax, mdl.capacity_bytes,
-                            mdl.calib, infl, float(m), int(M), n_ops, check_memory, tie)
+        starts = _partition(devs, tfb, self._op, P, bb, mdl.bandwidth, mdl.latency, pp, pa, self._big,
+                            mdl.capacity_bytes, mdl.calib, infl, float(m), int(M), n_ops, check_memory, tie)
         return P[starts] if len(starts) else starts
 
     def min_bottleneck_per_sample(self, devices: tuple[int, ...]) -> float:
@@ -473,6 +484,6 @@ class Partitioner:
         partition fits; how far off says how much more memory the pipeline needs)."""
         infl = self.in_flight(schedule, len(devices), M)
         mdl = self.model
-        _, bb, pp, pa, amax = self._positions(len(devices))[1]
-        return float(_memory_ratio(np.array(devices, dtype=np.int64), bb, pp, pa, amax, mdl.capacity_bytes, mdl.calib,
-                                   infl, float(m))[0])
+        _, P, bb, pp, pa = self._positions(len(devices))[1]
+        return float(_memory_ratio(np.array(devices, dtype=np.int64), P, bb, pp, pa, self._big, mdl.capacity_bytes,
+                                   mdl.calib, infl, float(m))[0])
