@@ -70,3 +70,28 @@ def test_collectives_sharing_a_device_run_one_after_another():
     start, end = schedule_collectives(np.array([0.0, 0.5, 0.0]), np.array([1.0, 1.0, 2.0]), members, 5)
     assert list(start) == [0.0, 2.0, 0.0]  # the middle one waits for device 1; the first is independent
     assert list(end) == [1.0, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("seed, sizes", [(seed, (2, 3, 5, 9, 17, 33)) for seed in range(6)] + [(6, (130,))])
+def test_the_pruned_ring_search_finds_what_trying_every_start_in_full_finds(seed, sizes):
+    """`_ring` drops starts, stops early and, from 128 nodes, sorts neighbours; the
+    reference scans every node for every hop of every start."""
+    from spantrain.env import reference
+    from spantrain.env.kernel import _SORTED_RING_FROM
+
+    assert max(sizes) < _SORTED_RING_FROM or min(sizes) >= _SORTED_RING_FROM  # one path per case
+    rng = np.random.default_rng(seed)
+    for n in sizes:
+        # a few fast groups, slow between them, some asymmetric links and repeated figures
+        group = rng.integers(0, 1 + n // 4, n)
+        bw = np.where(group[:, None] == group[None, :], 1e10, 1e8) * rng.choice([1.0, 1.0, 0.5, 2.0], (n, n))
+        lat = np.where(group[:, None] == group[None, :], 1e-5, 1e-2) * rng.choice([1.0, 3.0], (n, n))
+        np.fill_diagonal(bw, np.inf)
+        np.fill_diagonal(lat, 0.0)
+        nodes = rng.permutation(n)[:max(2, n - int(rng.integers(0, 3)))]
+        want = reference.ring_allreduce(nodes.tolist(), 1e9, bw, lat, 1e-5)
+        assert ring_time(nodes, 1e9, bw, lat, 1e-5) == pytest.approx(want, rel=1e-12), (seed, n)
+        order, step = ring_order(nodes, 1e9 / len(nodes), bw, lat, 1e-5)
+        assert sorted(order.tolist()) == sorted(nodes.tolist())
+        hops = [1e9 / len(nodes) / bw[a, z] + lat[a, z] + 1e-5 for a, z in zip(order, np.roll(order, -1))]
+        assert max(hops) == pytest.approx(step, rel=1e-12)
