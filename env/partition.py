@@ -32,7 +32,7 @@ time and in memory (a 4,096-layer model on 32 devices took 13 minutes and 4.5 GB
 so they run on `COARSE_CUTS` evenly spaced cut positions instead (2 S for pipelines of
 more stages; ties of fill, which identical layers make common, broken towards even
 stages), then again on every layer boundary within a coarse interval of the cuts found,
-repeated from the new cuts while they move. A
+each cut between its neighbours' intervals, repeated from the new cuts while they move. A
 pipeline that fits memory only with a cut between coarse positions is found by the exact
 memory DP, whose partition then starts the refinement. The lower bound becomes a
 relaxation over the coarse positions that stays a lower bound (`_min_bottleneck`), and
@@ -55,8 +55,6 @@ SLACKS = np.array([1.03, 1.1, 1.25, 1.5, 2.0])
 COARSE_CUTS = 512
 """Models with more layers are partitioned on this many evenly spaced cut positions, then
 refined layer by layer (module docstring)."""
-_WINDOW_CUTS = 768
-"""At most this many positions in the refining pass (its DP is quadratic in them)."""
 _REFINE_ROUNDS = 16
 """At most this many refining passes."""
 _TIE = 1e-6
@@ -100,10 +98,11 @@ def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L):
 
 
 @njit(cache=True)
-def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl, m, M, n_ops, check_memory,
+def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl, m, M, n_ops, check_memory, lo, hi,
                tie=0.0):
     """Stage start positions (indices into the cut positions P, length S) of the best
-    partition, or an empty array if none fits.
+    partition, or an empty array if none fits. Stage s starts at an index in [lo[s], hi[s]]
+    (lo[0] = hi[0] = 0; `_free_bands` leaves every partition possible).
 
     tfb: per-device per-sample prefix of F + B + W seconds at each position, (devices, len(P));
     op_dev: each device's fixed seconds per compute op, paid `n_ops` times per micro-batch;
@@ -138,9 +137,9 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     V[0, 0] = 0.0
     for s in range(1, S + 1):
         d = devs[s - 1]
-        for b in range(L if s == S else s, L - (S - s) + 1):
+        for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
-            for a in range(b - 1, s - 2, -1):
+            for a in range(min(b - 1, hi[s - 1]), lo[s - 1] - 1, -1):
                 if m * (tfb[d, b] - tfb[d, a]) + fixed[d] >= best:
                     break
                 if V[s - 1, a] == _INF:
@@ -164,7 +163,7 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     U = np.empty((S + 1, L + 1))
     arg = np.empty((S + 1, L + 1), np.int64)
     tie = tie / t_star if t_star > 0 else 0.0
-    args = (devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory)
+    args = (devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory, lo, hi)
     best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), link, link_fill, S, U, arg, tie, args)
     best_obj = (M - 1) * bott + fill
     starts, fill_min, bott = _least_fill(_INF, link, link_fill, S, U, arg, tie, args)
@@ -191,21 +190,21 @@ def _least_fill(T, link, link_fill, S, U, arg, tie, args):
     resolve as without the skip. `tie` > 0 adds tie x stage seconds squared to each stage:
     of partitions with the same fill (identical layers), the evenest; the fill returned is
     without it. `args`: what a stage's seconds and memory take (`_partition`)."""
-    devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory = args
+    devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory, lo, hi = args
     L = bb.shape[0]
     U[:, :] = _INF
     U[0, 0] = 0.0
     for s in range(1, S + 1):
         d = devs[s - 1]
-        for b in range(L if s == S else s, L - (S - s) + 1):
+        for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             ba = -1
-            a0 = s - 1
+            a0 = lo[s - 1]
             if T < _INF:
-                a0 = b
-                while a0 > s - 1 and m * (tfb[d, b] - tfb[d, a0 - 1]) + fixed[d] <= T:
+                a0 = min(b, hi[s - 1] + 1)
+                while a0 > lo[s - 1] and m * (tfb[d, b] - tfb[d, a0 - 1]) + fixed[d] <= T:
                     a0 -= 1
-            for a in range(a0, b):
+            for a in range(a0, min(b, hi[s - 1] + 1)):
                 if U[s - 1, a] == _INF:
                     continue
                 if s > 1 and link[s - 1, a] > T:
@@ -436,14 +435,20 @@ class Partitioner:
         the cost model, which judges the plan, preferred the last on every deep case measured
         (up to 6 % faster plans)."""
         L, S = self.num_layers, len(devs)
-        reach = min(int(np.max(np.diff(self._positions(S)[0]))), (_WINDOW_CUTS // max(S - 1, 1) - 1) // 2)
-        if reach < 1:  # too many stages for the window: the coarse partition stands
-            return starts
+        reach = int(np.max(np.diff(self._positions(S)[0])))
         seen = {tuple(starts.tolist())}
         for _ in range(_REFINE_ROUNDS):
             near = np.unique(np.clip(starts[1:, None] + np.arange(-reach, reach + 1)[None, :], 1, L - 1))
             window = np.concatenate(([0], near, [L])).astype(np.int64)
-            fine = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0)
+            # each cut moves within the window between its neighbours' furthest positions: the
+            # DP is linear in the stages (over the whole window it was quadratic in it, which
+            # had to cap it at 768 positions)
+            ends = np.concatenate((starts, [L]))
+            ranges = np.clip(np.stack((ends[:-2] - reach, ends[2:] + reach)), 1, L - 1)
+            bands = np.zeros((2, S), np.int64)
+            bands[0, 1:] = np.searchsorted(window, ranges[0])
+            bands[1, 1:] = np.searchsorted(window, ranges[1], side="right") - 1
+            fine = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0, bands)
             if not len(fine) or tuple(fine.tolist()) in seen:
                 break
             seen.add(tuple(fine.tolist()))
@@ -458,12 +463,20 @@ class Partitioner:
                 np.ascontiguousarray(self._bb[P[1:] - 1]), np.ascontiguousarray(mdl.params_prefix[P]),
                 np.ascontiguousarray(mdl.activation_prefix[P]))
 
-    def _run(self, devs, P, view, infl, m, M, n_ops, check_memory, tie) -> np.ndarray:
-        """`_partition` over the cut positions `P`; the stage start layers (empty: none fits)."""
+    def _run(self, devs, P, view, infl, m, M, n_ops, check_memory, tie, bands=None) -> np.ndarray:
+        """`_partition` over the cut positions `P`; the stage start layers (empty: none fits).
+        `bands` (2, S): the least and the most index into P each stage may start at (default:
+        any that leaves every stage a position)."""
         tfb, P, bb, pp, pa = view
         mdl = self.model
+        if bands is None:
+            S = len(devs)
+            bands = np.zeros((2, S), np.int64)
+            bands[0, 1:] = np.arange(1, S)
+            bands[1, 1:] = np.arange(1, S) + len(P) - 1 - S
         starts = _partition(devs, tfb, self._op, P, bb, mdl.bandwidth, mdl.latency, pp, pa, self._big,
-                            mdl.capacity_bytes, mdl.calib, infl, float(m), int(M), n_ops, check_memory, tie)
+                            mdl.capacity_bytes, mdl.calib, infl, float(m), int(M), n_ops, check_memory, bands[0],
+                            bands[1], tie)
         return P[starts] if len(starts) else starts
 
     def min_bottleneck_per_sample(self, devices: tuple[int, ...]) -> float:
