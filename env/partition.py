@@ -104,7 +104,7 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     partition, or an empty array if none fits. Stage s starts at an index in [lo[s], hi[s]]
     (lo[0] = hi[0] = 0; `_free_bands` leaves every partition possible).
 
-    tfb: per-device per-sample prefix of F + B + W seconds at each position, (devices, len(P));
+    tfb: each stage's device's per-sample prefix of F + B + W seconds at each position, (S, len(P));
     op_dev: each device's fixed seconds per compute op, paid `n_ops` times per micro-batch;
     big: the sparse max table of activation bytes per layer (`_max_table`). `tie` > 0
     breaks ties of fill towards even stages (`_least_fill`). A stage's seconds are worked
@@ -140,11 +140,11 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
         for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             for a in range(min(b - 1, hi[s - 1]), lo[s - 1] - 1, -1):
-                if m * (tfb[d, b] - tfb[d, a]) + fixed[d] >= best:
+                c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[d]
+                if c >= best:
                     break
                 if V[s - 1, a] == _INF:
                     continue
-                c = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
                 v = V[s - 1, a]
                 if c > v:
                     v = c
@@ -185,38 +185,41 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
 @njit(cache=True)
 def _least_fill(T, link, link_fill, S, U, arg, tie, args):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
-    (starts, fill, actual bottleneck); fill inf when there is none. First layers whose
-    stage compute alone exceeds T are skipped; the scan keeps ascending order, so ties
-    resolve as without the skip. `tie` > 0 adds tie x stage seconds squared to each stage:
-    of partitions with the same fill (identical layers), the evenest; the fill returned is
-    without it. `args`: what a stage's seconds and memory take (`_partition`)."""
+    (starts, fill, actual bottleneck); fill inf when there is none. `tie` > 0 adds tie x
+    stage seconds squared to each stage: of partitions with the same fill (identical
+    layers), the evenest; the fill returned is without it. `args`: what a stage's seconds
+    and memory take (`_partition`)."""
     devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory, lo, hi = args
     L = bb.shape[0]
     U[:, :] = _INF
     U[0, 0] = 0.0
+    least = np.empty(L + 1)  # least[a]: the least U[s - 1, a'] over a' <= a
     for s in range(1, S + 1):
         d = devs[s - 1]
+        run = _INF
+        for a in range(lo[s - 1], hi[s - 1] + 1):
+            if U[s - 1, a] < run:
+                run = U[s - 1, a]
+            least[a] = run
         for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             ba = -1
-            a0 = lo[s - 1]
-            if T < _INF:
-                a0 = min(b, hi[s - 1] + 1)
-                while a0 > lo[s - 1] and m * (tfb[d, b] - tfb[d, a0 - 1]) + fixed[d] <= T:
-                    a0 -= 1
-            for a in range(a0, min(b, hi[s - 1] + 1)):
+            # downwards: the stage's seconds only grow, so the scan stops once they exceed T
+            # or, with the least fill before any lower first layer, the best
+            for a in range(min(b, hi[s - 1] + 1) - 1, lo[s - 1] - 1, -1):
+                c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[d]
+                if c > T or least[a] + c > best:
+                    break
                 if U[s - 1, a] == _INF:
                     continue
                 if s > 1 and link[s - 1, a] > T:
                     continue
-                c = m * (tfb[d, b] - tfb[d, a]) + fixed[d]
-                if c > T:
-                    continue
                 u = U[s - 1, a] + c + tie * c * c
                 if s > 1:
                     u += link_fill[s - 1, a]
-                if u < best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
-                                                                reserved, L) <= cap[d]):
+                # <=: of equal fills the lowest first layer, as an upward scan would pick
+                if u <= best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
+                                                                 reserved, L) <= cap[d]):
                     best = u
                     ba = a
             U[s, b] = best
@@ -230,7 +233,7 @@ def _least_fill(T, link, link_fill, S, U, arg, tie, args):
     for s in range(S, 0, -1):
         a = arg[s, b]
         starts[s - 1] = a
-        c = m * (tfb[devs[s - 1], b] - tfb[devs[s - 1], a]) + fixed[devs[s - 1]]
+        c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[devs[s - 1]]
         fill += c
         if c > bott:
             bott = c
@@ -313,11 +316,13 @@ def _min_bottleneck(devs, tfb, bb, bw, P):
             end = tfb[d, L] if s == S else tfb[d, P[g - 1] + 1]  # the last stage ends at L exactly
             top = g if P[g] - P[g - 1] > 1 else g - 1
             best = _INF
-            for g0 in range(lo, top + 1):
+            for g0 in range(top, lo - 1, -1):  # compute only grows downwards: stop at the best
+                c = end - tfb[d, P[g0]]
+                if c >= best:
+                    break
                 v = V[s - 1, g0]
                 if v == _INF:
                     continue
-                c = end - tfb[d, P[g0]]
                 if c > v:
                     v = c
                 if s > 1:
@@ -390,7 +395,7 @@ class Partitioner:
         if coarse and not len(starts) and check_memory and self._near_fit(devs, cuts, view, infl, m):
             # it may fit only with a cut between coarse positions: the exact memory DP says so,
             # and where (its partition then starts the refinement)
-            _, P, bb, pp, pa = self._positions(self.num_layers)[1]
+            P, bb, pp, pa = self._positions(self.num_layers)[1]
             ratio, fits = _memory_ratio(devs, P, bb, pp, pa, self._big, self.model.capacity_bytes, self.model.calib,
                                         infl, float(m))
             if ratio <= 1.0:
@@ -421,7 +426,7 @@ class Partitioner:
         interval changes (that interval's state and activations, its largest activation and
         boundaries), else the exact memory DP, quadratic in the layers, is not worth running."""
         mdl = self.model
-        _, P, bb, pp, pa = view
+        P, bb, pp, pa = view
         ratio = _memory_ratio(devs, P, bb, pp, pa, self._big, mdl.capacity_bytes, mdl.calib, infl, float(m))[0]
         state = mdl.calib[C_STATE]
         span = (state * np.max(np.diff(pp)) + float(np.max(infl)) * m * np.max(np.diff(pa))
@@ -456,10 +461,10 @@ class Partitioner:
         return starts
 
     def _at(self, P: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The DP's arrays for cut positions `P` (0 and L among them): compute prefixes, the
-        positions, the boundary at each position, parameter and activation prefixes."""
+        """The DP's arrays for cut positions `P` (0 and L among them): the positions, the
+        boundary at each position, parameter and activation prefixes."""
         mdl = self.model
-        return (np.ascontiguousarray(self._tfb[:, P]), np.ascontiguousarray(P, dtype=np.int64),
+        return (np.ascontiguousarray(P, dtype=np.int64),
                 np.ascontiguousarray(self._bb[P[1:] - 1]), np.ascontiguousarray(mdl.params_prefix[P]),
                 np.ascontiguousarray(mdl.activation_prefix[P]))
 
@@ -467,7 +472,8 @@ class Partitioner:
         """`_partition` over the cut positions `P`; the stage start layers (empty: none fits).
         `bands` (2, S): the least and the most index into P each stage may start at (default:
         any that leaves every stage a position)."""
-        tfb, P, bb, pp, pa = view
+        P, bb, pp, pa = view
+        tfb = self._tfb[np.ix_(devs, P)]  # the stages' devices only: a cluster may have thousands
         mdl = self.model
         if bands is None:
             S = len(devs)
@@ -497,6 +503,6 @@ class Partitioner:
         partition fits; how far off says how much more memory the pipeline needs)."""
         infl = self.in_flight(schedule, len(devices), M)
         mdl = self.model
-        _, P, bb, pp, pa = self._positions(len(devices))[1]
+        P, bb, pp, pa = self._positions(len(devices))[1]
         return float(_memory_ratio(np.array(devices, dtype=np.int64), P, bb, pp, pa, self._big, mdl.capacity_bytes,
                                    mdl.calib, infl, float(m))[0])
