@@ -102,14 +102,15 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
                tie=0.0):
     """Stage start positions (indices into the cut positions P, length S) of the best
     partition, or an empty array if none fits. Stage s starts at an index in [lo[s], hi[s]]
-    (lo[0] = hi[0] = 0; `_free_bands` leaves every partition possible).
+    (lo[0] = hi[0] = 0; `Partitioner._run`'s default bands leave every partition possible).
 
-    tfb: each stage's device's per-sample prefix of F + B + W seconds at each position, (S, len(P));
+    tfb: per-device per-sample prefix of F + B + W seconds at every layer boundary;
     op_dev: each device's fixed seconds per compute op, paid `n_ops` times per micro-batch;
     big: the sparse max table of activation bytes per layer (`_max_table`). `tie` > 0
     breaks ties of fill towards even stages (`_least_fill`). A stage's seconds are worked
-    out where a pass needs them, not tabled: an S x len(P)^2 table took gigabytes at
-    hundreds of stages, and the passes read only a sliver of it."""
+    out where a pass needs them, not tabled (an S x len(P)^2 table took gigabytes at
+    hundreds of stages), and the passes' tables hold each stage's band only: row s, column
+    a - lo[s] is stage s starting at position a (the last row: the end, L)."""
     S = devs.shape[0]
     L = bb.shape[0]
     empty = np.empty(0, np.int64)
@@ -119,54 +120,60 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     state = calib[C_STATE]
     reserved = calib[C_RESERVED]
     fixed = op_dev * n_ops  # each device's per-micro-batch op overhead
-    # link[s, a]: occupancy of the link into stage s (s >= 1) when it starts at position a
-    link = np.zeros((S, L + 1))
-    link_fill = np.zeros((S, L + 1))
+    off = np.empty(S + 1, np.int64)
+    off[:S] = lo
+    off[S] = L
+    W = 1
+    for s in range(S):
+        if hi[s] - lo[s] + 1 > W:
+            W = hi[s] - lo[s] + 1
+    # link[s, a - lo[s]]: occupancy of the link into stage s (s >= 1) when it starts at position a
+    link = np.zeros((S, W))
+    link_fill = np.zeros((S, W))
     for s in range(1, S):
         d0 = devs[s - 1]
         d1 = devs[s]
         slow = min(bw[d0, d1], bw[d1, d0])
-        for a in range(1, L):
+        for a in range(lo[s], hi[s] + 1):
             occ = m * bb[a - 1] / slow + msg
-            link[s, a] = occ
-            link_fill[s, a] = 2.0 * occ + lat[d0, d1] + lat[d1, d0]
+            link[s, a - lo[s]] = occ
+            link_fill[s, a - lo[s]] = 2.0 * occ + lat[d0, d1] + lat[d1, d0]
+    ctx = (devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, calib, check_memory, lo, hi, off, link, link_fill)
     # pass 1: min-max. A stage's compute time only grows as its first layer moves down,
-    # so the scan over first layers goes downwards and stops once compute alone reaches the best.
-    # The first stage starts at 0 and the last ends at L (V[0, a > 0] is inf; b's range).
-    V = np.full((S + 1, L + 1), _INF)
+    # so the scan over first layers goes downwards and stops once compute alone reaches the best
+    V = np.full((S + 1, W), _INF)
     V[0, 0] = 0.0
     for s in range(1, S + 1):
         d = devs[s - 1]
-        for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
+        for b in range(off[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             for a in range(min(b - 1, hi[s - 1]), lo[s - 1] - 1, -1):
-                c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[d]
+                c = m * (tfb[d, P[b]] - tfb[d, P[a]]) + fixed[d]
                 if c >= best:
                     break
-                if V[s - 1, a] == _INF:
+                v = V[s - 1, a - lo[s - 1]]
+                if v == _INF:
                     continue
-                v = V[s - 1, a]
                 if c > v:
                     v = c
-                if s > 1 and link[s - 1, a] > v:
-                    v = link[s - 1, a]
+                if s > 1 and link[s - 1, a - lo[s - 1]] > v:
+                    v = link[s - 1, a - lo[s - 1]]
                 # the memory check, the costliest step, only for a range that would be the best
                 if v < best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
                                                                 reserved, L) <= cap[d]):
                     best = v
-            V[s, b] = best
-    t_star = V[S, L]
+            V[s, b - off[s]] = best
+    t_star = V[S, 0]
     if t_star == _INF:
         return empty
     # pass 2: least fill under the min-max bottleneck, without a limit, and under a few
     # thresholds between; none can beat (M - 1) x T* + the unlimited least fill
-    U = np.empty((S + 1, L + 1))
-    arg = np.empty((S + 1, L + 1), np.int64)
+    U = np.empty((S + 1, W))
+    arg = np.empty((S + 1, W), np.int64)
     tie = tie / t_star if t_star > 0 else 0.0
-    args = (devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory, lo, hi)
-    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), link, link_fill, S, U, arg, tie, args)
+    best_starts, fill, bott = _least_fill(t_star * (1.0 + 1e-12), U, arg, tie, ctx)
     best_obj = (M - 1) * bott + fill
-    starts, fill_min, bott = _least_fill(_INF, link, link_fill, S, U, arg, tie, args)
+    starts, fill_min, bott = _least_fill(_INF, U, arg, tie, ctx)
     obj = (M - 1) * bott + fill_min
     if obj < best_obj * (1.0 - 1e-12):
         best_obj = obj
@@ -174,7 +181,7 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     for q in range(SLACKS.shape[0]):
         if (M - 1) * t_star + fill_min >= best_obj * (1.0 - 1e-9):
             break
-        starts, fill, bott = _least_fill(t_star * SLACKS[q], link, link_fill, S, U, arg, tie, args)
+        starts, fill, bott = _least_fill(t_star * SLACKS[q], U, arg, tie, ctx)
         obj = (M - 1) * bott + fill
         if obj < best_obj * (1.0 - 1e-12):
             best_obj = obj
@@ -183,66 +190,70 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
 
 
 @njit(cache=True)
-def _least_fill(T, link, link_fill, S, U, arg, tie, args):
+def _least_fill(T, U, arg, tie, ctx):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
     (starts, fill, actual bottleneck); fill inf when there is none. `tie` > 0 adds tie x
     stage seconds squared to each stage: of partitions with the same fill (identical
-    layers), the evenest; the fill returned is without it. `args`: what a stage's seconds
-    and memory take (`_partition`)."""
-    devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, state, reserved, check_memory, lo, hi = args
+    layers), the evenest; the fill returned is without it. `ctx`: `_partition`'s."""
+    devs, tfb, fixed, m, infl, P, pp, pa, bb, big, cap, calib, check_memory, lo, hi, off, link, link_fill = ctx
+    S = devs.shape[0]
     L = bb.shape[0]
+    state = calib[C_STATE]
+    reserved = calib[C_RESERVED]
     U[:, :] = _INF
     U[0, 0] = 0.0
-    least = np.empty(L + 1)  # least[a]: the least U[s - 1, a'] over a' <= a
+    least = np.empty(U.shape[1])  # least[a - lo[s - 1]]: the least U[s - 1] at or before position a
     for s in range(1, S + 1):
         d = devs[s - 1]
+        o = lo[s - 1]
         run = _INF
-        for a in range(lo[s - 1], hi[s - 1] + 1):
-            if U[s - 1, a] < run:
-                run = U[s - 1, a]
-            least[a] = run
-        for b in range(L if s == S else lo[s], L + 1 if s == S else hi[s] + 1):
+        for a in range(o, hi[s - 1] + 1):
+            if U[s - 1, a - o] < run:
+                run = U[s - 1, a - o]
+            least[a - o] = run
+        for b in range(off[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             ba = -1
             # downwards: the stage's seconds only grow, so the scan stops once they exceed T
             # or, with the least fill before any lower first layer, the best
-            for a in range(min(b, hi[s - 1] + 1) - 1, lo[s - 1] - 1, -1):
-                c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[d]
-                if c > T or least[a] + c > best:
+            for a in range(min(b, hi[s - 1] + 1) - 1, o - 1, -1):
+                c = m * (tfb[d, P[b]] - tfb[d, P[a]]) + fixed[d]
+                if c > T or least[a - o] + c > best:
                     break
-                if U[s - 1, a] == _INF:
+                if U[s - 1, a - o] == _INF:
                     continue
-                if s > 1 and link[s - 1, a] > T:
+                if s > 1 and link[s - 1, a - o] > T:
                     continue
-                u = U[s - 1, a] + c + tie * c * c
+                u = U[s - 1, a - o] + c + tie * c * c
                 if s > 1:
-                    u += link_fill[s - 1, a]
+                    u += link_fill[s - 1, a - o]
                 # <=: of equal fills the lowest first layer, as an upward scan would pick
                 if u <= best and (not check_memory or _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state,
                                                                  reserved, L) <= cap[d]):
                     best = u
                     ba = a
-            U[s, b] = best
-            arg[s, b] = ba
+            U[s, b - off[s]] = best
+            arg[s, b - off[s]] = ba
     starts = np.empty(S, np.int64)
-    if U[S, L] == _INF:
+    if U[S, 0] == _INF:
         return starts, _INF, _INF
     b = L
     bott = 0.0
     fill = 0.0
     for s in range(S, 0, -1):
-        a = arg[s, b]
+        a = arg[s, b - off[s]]
         starts[s - 1] = a
-        c = m * (tfb[s - 1, b] - tfb[s - 1, a]) + fixed[devs[s - 1]]
+        d = devs[s - 1]
+        c = m * (tfb[d, P[b]] - tfb[d, P[a]]) + fixed[d]
         fill += c
         if c > bott:
             bott = c
         if s > 1:
-            fill += link_fill[s - 1, a]
-            if link[s - 1, a] > bott:
-                bott = link[s - 1, a]
+            fill += link_fill[s - 1, a - lo[s - 1]]
+            if link[s - 1, a - lo[s - 1]] > bott:
+                bott = link[s - 1, a - lo[s - 1]]
         b = a
-    return starts, fill if tie > 0 else U[S, L], bott
+    return starts, fill if tie > 0 else U[S, 0], bott
 
 
 @njit(cache=True)
@@ -473,14 +484,13 @@ class Partitioner:
         `bands` (2, S): the least and the most index into P each stage may start at (default:
         any that leaves every stage a position)."""
         P, bb, pp, pa = view
-        tfb = self._tfb[np.ix_(devs, P)]  # the stages' devices only: a cluster may have thousands
         mdl = self.model
         if bands is None:
             S = len(devs)
             bands = np.zeros((2, S), np.int64)
             bands[0, 1:] = np.arange(1, S)
             bands[1, 1:] = np.arange(1, S) + len(P) - 1 - S
-        starts = _partition(devs, tfb, self._op, P, bb, mdl.bandwidth, mdl.latency, pp, pa, self._big,
+        starts = _partition(devs, self._tfb, self._op, P, bb, mdl.bandwidth, mdl.latency, pp, pa, self._big,
                             mdl.capacity_bytes, mdl.calib, infl, float(m), int(M), n_ops, check_memory, bands[0],
                             bands[1], tie)
         return P[starts] if len(starts) else starts
