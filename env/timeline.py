@@ -6,26 +6,43 @@ from pathlib import Path
 
 from spantrain.env.reference import Trace
 
-__all__ = ["COLORS", "draw_timeline"]
+__all__ = ["COLORS", "MAX_ROWS", "draw_timeline", "rows_to_draw"]
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "BW": "#2A9D8F", "act": "#8C8C8C",
           "grad": "#B07AA1", "sync": "#C44E52", "optimizer": "#8172B3"}
 """Colour of each op, message direction and phase."""
+MAX_ROWS = 64
+"""Stage rows a timeline draws at most: a 4,096-stage plan made a 1540 x 189,413 px image."""
 
 
-def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
+def rows_to_draw(stages_per_pipeline: list[int], max_rows: int = MAX_ROWS) -> list[tuple[int, int]]:
+    """(pipeline, stage) rows in order: all of them, or past `max_rows` the first and last halves."""
+    rows = [(p, s) for p, n in enumerate(stages_per_pipeline) for s in range(n)]
+    if len(rows) <= max_rows:
+        return rows
+    head = (max_rows + 1) // 2
+    return rows[:head] + rows[len(rows) - (max_rows - head):]
+
+
+def draw_timeline(tr: Trace, path: str | Path, title: str = "", max_rows: int = MAX_ROWS) -> None:
     """Write a PNG: one row per stage (ops on top, outgoing messages as a thin bar below),
-    pipelines separated by gaps, and below them one row per sync collective."""
+    pipelines separated by gaps, and below them one row per sync collective. Past `max_rows`
+    stages, only the first and last `max_rows / 2` are drawn, a gap where the rest were."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    rows = sum(len(p) for p in tr.ops)
+    total = sum(len(p) for p in tr.ops)
+    drawn_rows = rows_to_draw([len(p) for p in tr.ops], max_rows)
+    rows = len(drawn_rows)
+    cut = total - rows
+    # a gap per pipeline drawn, and one more where rows were left out
+    gaps = len({p for p, _ in drawn_rows}) + (1 if cut else 0)
     n_sync = len(tr.collectives)
-    height = 1.2 + 0.42 * (rows + len(tr.ops)) + (0.35 * min(n_sync, 24) + 0.8 if n_sync else 0)
-    ratios = [rows + len(tr.ops)] + ([max(min(n_sync, 24), 2)] if n_sync else [])
+    height = 1.2 + 0.42 * (rows + gaps) + (0.35 * min(n_sync, 24) + 0.8 if n_sync else 0)
+    ratios = [rows + gaps] + ([max(min(n_sync, 24), 2)] if n_sync else [])
     fig, axes = plt.subplots(len(ratios), 1, figsize=(14, height), sharex=True,
                              gridspec_kw={"height_ratios": ratios}, squeeze=False)
     ax = axes[0][0]
@@ -33,39 +50,50 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "") -> None:
     y = 0.0
     span = max([op.end for p in tr.ops for ops in p for op in ops]
                + [c.end for c in tr.collectives] + [0.0]) + tr.optimizer_s
-    for p, stages in enumerate(tr.ops):
-        for s, ops in enumerate(stages):
-            bars = {}
-            for op in ops:
-                bars.setdefault(op.kind, []).append((op.start, op.end - op.start))
-            for kind, spans in bars.items():
-                ax.broken_barh(spans, (y, 0.62), facecolors=COLORS[kind], edgecolor="white", linewidth=0.3)
-            sends = [(t.start, t.busy_until - t.start, t.kind) for t in tr.transfers[p]
-                     if (t.kind == "act" and t.stage == s) or (t.kind == "grad" and t.stage == s)]
-            for kind in ("act", "grad"):
-                spans = [(a, d) for a, d, k in sends if k == kind]
-                if spans:
-                    ax.broken_barh(spans, (y + 0.66 + (0.12 if kind == "grad" else 0.0), 0.11),
-                                   facecolors=COLORS[kind], linewidth=0)
-            dev = tr.devices[p][s]
-            # the step follows the device's own gradient sync (it was drawn at the schedule's end,
-            # before collectives that ran on), except under overlapped local SGD, which averages after it
-            synced = [c.end for c in tr.collectives if dev in c.devices] if tr.optimizer_after_sync else []
-            end = max([ops[-1].end, *synced])
-            ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
-            a, z = tr.layers[p][s]
-            labels.append(f"p{p} s{s} {dev} [{a},{z})")
-            ticks.append(y + 0.45)
+    kinds = set()
+    for row, (p, s) in enumerate(drawn_rows):
+        if row and p != drawn_rows[row - 1][0]:
+            y += 0.6
+        if cut and row == (rows + 1) // 2:  # where the left-out rows were
+            ax.text(0.5, y + 0.2, f"... {cut:,} stages not drawn ...", transform=ax.get_yaxis_transform(),
+                    ha="center", va="center", fontsize=9, color="0.3")
             y += 1.0
-        y += 0.6
+        ops = tr.ops[p][s]
+        kinds |= {op.kind for op in ops}
+        bars = {}
+        for op in ops:
+            bars.setdefault(op.kind, []).append((op.start, op.end - op.start))
+        for kind, spans in bars.items():
+            ax.broken_barh(spans, (y, 0.62), facecolors=COLORS[kind], edgecolor="white", linewidth=0.3)
+        sends = [(t.start, t.busy_until - t.start, t.kind) for t in tr.transfers[p]
+                 if (t.kind == "act" and t.stage == s) or (t.kind == "grad" and t.stage == s)]
+        for kind in ("act", "grad"):
+            spans = [(a, d) for a, d, k in sends if k == kind]
+            if spans:
+                ax.broken_barh(spans, (y + 0.66 + (0.12 if kind == "grad" else 0.0), 0.11),
+                               facecolors=COLORS[kind], linewidth=0)
+        dev = tr.devices[p][s]
+        # the step follows the device's own gradient sync (it was drawn at the schedule's end,
+        # before collectives that ran on), except under overlapped local SGD, which averages after it
+        synced = [c.end for c in tr.collectives if dev in c.devices] if tr.optimizer_after_sync else []
+        end = max([ops[-1].end, *synced])
+        ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
+        a, z = tr.layers[p][s]
+        labels.append(f"p{p} s{s} {dev} [{a},{z})")
+        ticks.append(y + 0.45)
+        y += 1.0
+    y += 0.6
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_ylim(y - 0.4, -0.3)
     ax.set_xlim(0, span * 1.01)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title or "simulated iteration", fontsize=11)
+    title = title or "simulated iteration"
+    if cut:
+        title += f"\n{rows} of {total:,} stages drawn (the first {(rows + 1) // 2} and the last {rows // 2})"
+    ax.set_title(title, fontsize=11)
     # only what the chart shows: a GPipe plan's legend listed B, W and sync it never drew
-    drawn = {op.kind for p in tr.ops for ops in p for op in ops}
-    drawn |= {t.kind for p in tr.transfers for t in p} | {"optimizer"} | ({"sync"} if n_sync else set())
+    drawn = kinds | {t.kind for p, s in drawn_rows for t in tr.transfers[p] if t.stage == s}
+    drawn |= {"optimizer"} | ({"sync"} if n_sync else set())
     handles = [Patch(color=COLORS[k], label=lab) for k, lab in
                (("F", "forward F"), ("B", "input grad B"), ("W", "weight grad W"), ("BW", "fused backward"),
                 ("act", "activation send"), ("grad", "gradient send"), ("optimizer", "optimizer step"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -10,11 +9,17 @@ from pathlib import Path
 import numpy as np
 
 from spantrain._spec import plural, readable
-from spantrain.cluster import GBPS, Cluster
+from spantrain.cluster import Cluster
+from spantrain.profiler.regionstats import region_groups, region_pair_stats, strongest_pairs
 
-__all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps"]
+__all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps", "MAX_WAN_LINES",
+           "WAN_LINES_PER_REGION"]
 
 _TIER_ORDER = {"cloud": 0, "edge": 1, "end": 2}
+MAX_WAN_LINES = 300
+"""The plot draws every region pair up to this many; past it, the strongest (see `strongest_pairs`)."""
+WAN_LINES_PER_REGION = 3
+"""Past `MAX_WAN_LINES`, each region's this many fastest links are candidates."""
 
 
 def format_gbps(gbps: float) -> str:
@@ -27,17 +32,16 @@ def format_gbps(gbps: float) -> str:
 
 def region_summary(cluster: Cluster) -> list[dict]:
     """Per region: tier, devices, GPU mix, total TFLOP/s and memory, LAN bandwidth/latency."""
+    return _region_summary(cluster, region_groups(cluster), *region_pair_stats(cluster))
+
+
+def _region_summary(cluster: Cluster, groups: list[np.ndarray], bw: np.ndarray, lat: np.ndarray) -> list[dict]:
     out = []
-    idx = cluster.region_index
     for k, region in enumerate(cluster.regions):
-        members = [d for d, r in zip(cluster.devices, idx) if r == k]
-        pos = np.nonzero(idx == k)[0]
-        if len(pos) > 1:
-            sub_bw = cluster.bandwidth[np.ix_(pos, pos)]
-            sub_lat = cluster.latency[np.ix_(pos, pos)]
-            off = ~np.eye(len(pos), dtype=bool)
-            lan_gbps, lan_ms = float(np.median(sub_bw[off])) / GBPS, float(np.median(sub_lat[off])) * 1e3
-        else:
+        members = [cluster.devices[i] for i in groups[k]]
+        if len(members) > 1:
+            lan_gbps, lan_ms = float(bw[k, k]), float(lat[k, k])
+        else:  # the spec figure as written (an int stays an int in `--json`)
             link = cluster.network.regions[region]
             lan_gbps, lan_ms = link.gbps, link.latency_ms
         gpus = Counter(d.gpu or "?" for d in members)
@@ -50,52 +54,42 @@ def region_summary(cluster: Cluster) -> list[dict]:
 
 def region_links(cluster: Cluster) -> list[dict]:
     """Median bandwidth and latency for every ordered pair of different regions."""
-    bw, lat = _region_pair_stats(cluster)
+    bw, lat = region_pair_stats(cluster)
     regions = cluster.regions
-    return [{"from": regions[a], "to": regions[b], "gbps": float(bw[a, b]), "latency_ms": float(lat[a, b])}
-            for a in range(len(regions)) for b in range(len(regions)) if a != b]
+    bws, lats = bw.tolist(), lat.tolist()  # Python floats at once: float() per pair was most of the time
+    return [{"from": ra, "to": rb, "gbps": bw_a[b], "latency_ms": lat_a[b]}
+            for a, (ra, bw_a, lat_a) in enumerate(zip(regions, bws, lats)) for b, rb in enumerate(regions) if a != b]
 
 
-def _region_pair_stats(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
-    """Median bandwidth (Gbit/s) and latency (ms) between every pair of regions."""
-    idx = cluster.region_index
-    r = len(cluster.regions)
-    bw = np.zeros((r, r))
-    lat = np.zeros((r, r))
-    groups = [np.nonzero(idx == k)[0] for k in range(r)]
-    for a in range(r):
-        for b in range(r):
-            block_bw = cluster.bandwidth[np.ix_(groups[a], groups[b])]
-            block_lat = cluster.latency[np.ix_(groups[a], groups[b])]
-            if a == b:
-                mask = ~np.eye(len(groups[a]), dtype=bool)
-                if not mask.any():
-                    link = cluster.network.regions[cluster.regions[a]]
-                    bw[a, b], lat[a, b] = link.gbps, link.latency_ms
-                    continue
-                block_bw, block_lat = block_bw[mask], block_lat[mask]
-            bw[a, b] = float(np.median(block_bw)) / GBPS
-            lat[a, b] = float(np.median(block_lat)) * 1e3
-    return bw, lat
-
-
-def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_compact: int = 16):
-    """Rich renderables: regions, devices (first `max_devices`), and links by region pair."""
+def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_compact: int = 16,
+           max_regions: int = 64):
+    """Rich renderables: regions (first `max_regions`), devices (up to `max_devices`), links by region pair."""
     from rich.table import Table
 
+    groups = region_groups(cluster)
+    bw, lat = region_pair_stats(cluster, groups)
+    summary = _region_summary(cluster, groups, bw, lat)
+    regions = cluster.regions
     total_tf = sum(d.tflops for d in cluster.devices)
     total_mem = sum(d.memory_gb for d in cluster.devices)
     out = []
-    t = Table(title=f"{cluster.name}: {plural(len(cluster), 'device')} in {plural(len(cluster.regions), 'region')}, "
+    t = Table(title=f"{cluster.name}: {plural(len(cluster), 'device')} in {plural(len(regions), 'region')}, "
                     f"{readable(total_tf)} TFLOP/s, {readable(total_mem)} GB")
     for col in ("region", "tier", "devices", "GPUs", "TFLOP/s", "memory GB", "LAN", "LAN latency"):
         t.add_column(col, justify="right" if col not in ("region", "tier", "GPUs") else "left")
-    for s in region_summary(cluster):
+    for s in summary[:max_regions]:
         # a region of one device has no pair inside: its spec figure (a profile's placeholder) is never used
         alone = s["devices"] == 1
         t.add_row(s["region"], s["tier"], str(s["devices"]), s["gpus"], readable(s["tflops"]),
                   readable(s["memory_gb"]), "- (one device)" if alone else format_gbps(s["lan_gbps"]),
                   "-" if alone else f"{s['lan_ms']:.3g} ms")
+    left_out = []
+    if len(regions) > max_regions:
+        left_out.append(f"first {max_regions} of {len(regions):,} regions (all in `topo show --json`)")
+    if len(cluster) > max_devices:
+        left_out.append(f"no device table past {max_devices} devices")
+    if left_out:
+        t.caption = "; ".join(left_out)
     out.append(t)
 
     if len(cluster) <= max_devices:
@@ -106,8 +100,6 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
             t.add_row(d.id, d.region, d.tier, d.gpu, f"{d.tflops:g}", f"{d.memory_gb:g}")
         out.append(t)
 
-    bw, lat = _region_pair_stats(cluster)
-    regions = cluster.regions
     if len(regions) <= max_matrix:
         t = Table(title="links between regions (median bandwidth / latency)")
         t.add_column("from \\ to")
@@ -126,22 +118,30 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
         out.append(t)
     else:
         # Too many regions for a matrix: summarize by tier pair.
-        tiers = [s["tier"] for s in region_summary(cluster)]
-        pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for a in range(len(regions)):
-            for b in range(a + 1, len(regions)):
-                key = tuple(sorted((tiers[a], tiers[b]), key=lambda x: _TIER_ORDER.get(x, 9)))
-                pairs.setdefault(key, []).append((bw[a, b], lat[a, b]))
         t = Table(title="links between regions, by tier pair")
         for col in ("tiers", "region pairs", "bandwidth min / median / max", "latency min / median / max"):
             t.add_column(col)
-        for key, vals in sorted(pairs.items()):
-            b = np.array([v[0] for v in vals])
-            lt = np.array([v[1] for v in vals])
-            t.add_row(" - ".join(key), str(len(vals)),
+        for key, (b, lt) in _tier_pairs([s["tier"] for s in summary], bw, lat):
+            t.add_row(" - ".join(key), str(len(b)),
                       " / ".join(format_gbps(x) for x in (b.min(), np.median(b), b.max())),
                       " / ".join(f"{x:.3g} ms" for x in (lt.min(), np.median(lt), lt.max())))
         out.append(t)
+    return out
+
+
+def _tier_pairs(tiers: list[str], bw: np.ndarray, lat: np.ndarray) -> list[tuple[tuple[str, ...], tuple]]:
+    """Bandwidths and latencies of region pairs a < b grouped by their tiers (cloud first), sorted by tiers."""
+    names, code = np.unique(np.array(tiers, dtype=object), return_inverse=True)
+    a, b = np.triu_indices(len(tiers), 1)
+    pair_code = code[a] * len(names) + code[b]
+    groups: dict[tuple[str, ...], list[np.ndarray]] = {}
+    for c in np.unique(pair_code).tolist():
+        key = tuple(sorted((names[c // len(names)], names[c % len(names)]), key=lambda x: _TIER_ORDER.get(x, 9)))
+        groups.setdefault(key, []).append(np.nonzero(pair_code == c)[0])
+    out = []
+    for key, parts in sorted(groups.items()):
+        sel = np.sort(np.concatenate(parts))
+        out.append((key, (bw[a[sel], b[sel]], lat[a[sel], b[sel]])))
     return out
 
 
@@ -174,25 +174,31 @@ def _nice_ticks(lo: float, hi: float) -> list[float]:
     return ticks if len(ticks) >= 2 else [lo, hi]
 
 
-def plot_topology(cluster: Cluster, path: str | Path) -> Path:
-    """Regions as labelled discs with their devices around them, links drawn by bandwidth."""
+def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_LINES,
+                  per_region: int = WAN_LINES_PER_REGION) -> Path:
+    """Regions as labelled discs with their devices around them, links drawn by bandwidth: every
+    region pair up to `max_lines`, else each region's `per_region` fastest, at most `max_lines`."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib import cm, colors
+    from matplotlib.collections import LineCollection, PatchCollection
 
     pos, geo = _region_positions(cluster)
     regions = cluster.regions
-    bw, lat = _region_pair_stats(cluster)
+    groups = region_groups(cluster)
+    bw, lat = region_pair_stats(cluster, groups)
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     span = max(1e-9, max(xs) - min(xs), max(ys) - min(ys))
     scale = 0.25
     height = 8.0
     if geo:  # discs apart from their nearest neighbour (Paris, Frankfurt), a figure the map's shape
-        nearest = min((math.dist(p, q) for p, q in itertools.combinations(pos.values(), 2)), default=span)
+        xy = np.array(list(pos.values()))
+        dist = np.hypot(*(xy[:, None, :] - xy[None, :, :]).transpose(2, 0, 1))
+        nearest = float(dist[np.triu_indices(len(xy), 1)].min()) if len(xy) > 1 else span
         scale = max(span / 80, min(span / 40, 0.37 * nearest))
         height = min(8.0, max(3.5, 9.5 * (max(ys) - min(ys) + 8 * scale) / (max(xs) - min(xs) + 8 * scale) + 2.0))
 
@@ -202,27 +208,34 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
     lat_norm = colors.LogNorm(vmin=max(1e-3, wan_lat.min()), vmax=max(wan_lat.max(), wan_lat.min() * 1.01, 1e-2))
     # plasma without its pale-yellow end, which vanished on white for the slowest links
     cmap = colors.LinearSegmentedColormap.from_list("latency", cm.plasma(np.linspace(0.0, 0.85, 256)))
-    wan = [(bw[a, b], a, b) for a in range(len(regions)) for b in range(a + 1, len(regions))]
-    if wan:
-        lo, hi = min(w[0] for w in wan), max(w[0] for w in wan)
-        for g, a, b in sorted(wan):
-            width = 1.0 + 5.0 * (math.log10(g / lo) / math.log10(hi / lo) if hi > lo else 0.5)
-            (x0, y0), (x1, y1) = pos[regions[a]], pos[regions[b]]
-            ax.plot([x0, x1], [y0, y1], color=cmap(lat_norm(lat[a, b])), lw=width,
-                    alpha=0.55 if len(wan) < 60 else 0.25, zorder=1)
+    n_pairs = len(regions) * (len(regions) - 1) // 2
+    if n_pairs <= max_lines:  # every pair, slowest first so the fastest lie on top
+        a, b = np.triu_indices(len(regions), 1)
+        order = np.lexsort((b, a, bw[a, b]))
+        wan = np.stack([a[order], b[order]], axis=1)
+    else:
+        wan = strongest_pairs(bw, lat, per_region, max_lines)
+    if len(wan):
+        lo, hi = float(bw[off].min()), float(bw[off].max())  # widths on the scale of every pair, drawn or not
+        g = bw[wan[:, 0], wan[:, 1]]
+        widths = 1.0 + 5.0 * (np.log10(g / lo) / math.log10(hi / lo) if hi > lo else 0.5)
+        xy = np.array([pos[r] for r in regions])
+        ax.add_collection(LineCollection(xy[wan], colors=cmap(lat_norm(lat[wan[:, 0], wan[:, 1]])),
+                                         linewidths=widths, alpha=0.55 if len(wan) < 60 else 0.25, zorder=1))
 
     # a spec may leave gpu out: "?" in the legend, as in the region table (an empty label is
     # left out of it, and with no label at all matplotlib warns on stderr)
     gpus = sorted({d.gpu or "?" for d in cluster.devices})
     gpu_colors = {g: cm.tab10(i % 10) for i, g in enumerate(gpus)}
-    idx = cluster.region_index
     dots: dict[str, list] = {"x": [], "y": [], "s": [], "color": []}
+    discs = []
+    centres = np.array([pos[r] for r in regions])
     for k, r in enumerate(regions):
         x, y = pos[r]
-        members = [d for d, ri in zip(cluster.devices, idx) if ri == k]
+        members = [cluster.devices[i] for i in groups[k]]
         n = len(members)
         ring = scale * (0.6 + 0.15 * math.sqrt(n))
-        ax.add_patch(plt.Circle((x, y), ring * 1.3, color="0.92", ec="0.5", zorder=2))
+        discs.append(plt.Circle((x, y), ring * 1.3))
         for j, d in enumerate(members):
             ang = 2 * math.pi * j / max(1, n)
             rad = 0 if n == 1 else ring
@@ -232,11 +245,13 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
             dots["color"].append(gpu_colors[d.gpu or "?"])
         if len(regions) <= 60:
             # above the disc when a close neighbour lies below it (Frankfurt over Paris), else below
-            above = any(q != r and math.dist(pos[q], (x, y)) < 4 * ring and pos[q][1] < y for q in regions)
+            near = np.hypot(centres[:, 0] - x, centres[:, 1] - y) < 4 * ring
+            above = bool(np.any(near & (centres[:, 1] < y) & (np.arange(len(regions)) != k)))
             lan = f", {format_gbps(bw[k, k])}" if n > 1 else ""  # one device: no LAN to speak of
             ax.annotate(f"{r}\n{n} dev{lan}", (x, y + ring * 1.45 if above else y - ring * 1.45),
                         ha="center", va="bottom" if above else "top",
                         fontsize=7, zorder=4)
+    ax.add_collection(PatchCollection(discs, facecolor="0.92", edgecolor="0.5", zorder=2))
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
     ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
     for g in gpus:
@@ -252,10 +267,14 @@ def plot_topology(cluster: Cluster, path: str | Path) -> Path:
         bar.ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         bar.ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     note = "line width ~ log bandwidth"
+    drawn = ""
+    if len(wan) < n_pairs:  # say which links the lines are: not every pair's (a line of its own: one was cut off)
+        drawn = (f"\nlines: {len(wan):,} of {n_pairs:,} region pairs, each region's {per_region} fastest"
+                 + (f", the fastest {max_lines}" if len(wan) == max_lines else ""))
     if cluster.network.default is not None and not cluster.network.links:
         note += f"; one fabric: {format_gbps(cluster.network.default.gbps)}, {cluster.network.default.latency_ms:g} ms"
-    ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})",
-                 fontsize=10)
+    ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})"
+                 + drawn, fontsize=10)
     ax.set_aspect("equal")
     ax.margins(0.08, 0.2 if geo else 0.08)  # whole discs and labels at the edges (Oregon's disc was cut)
     ax.autoscale_view()

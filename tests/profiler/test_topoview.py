@@ -1,0 +1,106 @@
+"""`topo show` views at scale: exact vectorized region figures, a capped region table, capped WAN lines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spantrain.cluster import GBPS, Cluster
+from spantrain.profiler.topology import generate
+
+
+def _reference_pair_stats(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """The per-pair loop `topo show` used: the figures the vectorized version must match exactly."""
+    idx = cluster.region_index
+    r = len(cluster.regions)
+    bw, lat = np.zeros((r, r)), np.zeros((r, r))
+    groups = [np.nonzero(idx == k)[0] for k in range(r)]
+    for a in range(r):
+        for b in range(r):
+            block_bw = cluster.bandwidth[np.ix_(groups[a], groups[b])]
+            block_lat = cluster.latency[np.ix_(groups[a], groups[b])]
+            if a == b:
+                mask = ~np.eye(len(groups[a]), dtype=bool)
+                if not mask.any():
+                    link = cluster.network.regions[cluster.regions[a]]
+                    bw[a, b], lat[a, b] = link.gbps, link.latency_ms
+                    continue
+                block_bw, block_lat = block_bw[mask], block_lat[mask]
+            bw[a, b] = float(np.median(block_bw)) / GBPS
+            lat[a, b] = float(np.median(block_lat)) * 1e3
+    return bw, lat
+
+
+@pytest.mark.parametrize("profile, n", [("cee", 12), ("cee", 90), ("geo", 40), ("datacenter", 48)])
+def test_region_pair_stats_match_the_per_pair_loop(profile, n):
+    from spantrain.profiler.regionstats import region_pair_stats
+
+    cluster = generate(n, seed=1, profile=profile)
+    noise = np.random.default_rng(0).uniform(0.5, 2.0, (n, n))  # measured: every device pair its own figure
+    for c in (cluster, cluster.with_arrays(bandwidth=cluster.bandwidth * noise, latency=cluster.latency * noise.T)):
+        got, want = region_pair_stats(c), _reference_pair_stats(c)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_the_region_table_is_capped_and_says_what_it_left_out():
+    from spantrain.profiler.topoview import tables
+
+    cluster = generate(1024, seed=0, profile="datacenter")  # 128 regions: the table printed all 128
+    regions = tables(cluster)[0]
+    assert regions.row_count == 64
+    assert "first 64 of 128 regions" in regions.caption and "no device table past 64 devices" in regions.caption
+    small = tables(generate(64, seed=0, profile="datacenter"), max_regions=3)[0]
+    assert small.row_count == 3 and small.caption.startswith("first 3 of 8 regions")
+    assert tables(generate(12, seed=0, profile="cee"))[0].caption is None  # nothing left out, nothing said
+
+
+def _drawn(monkeypatch, cluster, path, **kwargs) -> tuple[int, str]:
+    """WAN lines `plot_topology` draws (one per segment), and the title."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+
+    from spantrain.profiler.topoview import plot_topology
+
+    seen = {}
+    real = Figure.savefig
+
+    def spy(self, *args, **kw):
+        ax = self.axes[0]
+        seen["lines"] = len(ax.lines) + sum(len(c.get_segments()) for c in ax.collections
+                                            if isinstance(c, LineCollection))
+        seen["title"] = ax.get_title()
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    plot_topology(cluster, path, **kwargs)
+    return seen["lines"], seen["title"]
+
+
+def test_the_plot_draws_at_most_some_hundred_wan_lines_and_says_which(monkeypatch, tmp_path):
+    from spantrain.profiler.topoview import MAX_WAN_LINES
+
+    # 128 regions: 8,128 pairs, one line each
+    lines, title = _drawn(monkeypatch, generate(1024, seed=0, profile="datacenter"), tmp_path / "dc.png")
+    assert 128 <= lines <= MAX_WAN_LINES and f"lines: {lines} of 8,128 region pairs, each region's 3 fastest" in title
+    lines, title = _drawn(monkeypatch, generate(90, seed=0, profile="cee"), tmp_path / "cee.png", max_lines=20)
+    assert lines == 20 and "each region's 3 fastest, the fastest 20" in title
+    small = generate(24, seed=0, profile="geo")
+    lines, title = _drawn(monkeypatch, small, tmp_path / "small.png")
+    r = len(small.regions)
+    assert r > 4 and lines == r * (r - 1) // 2 and "lines:" not in title  # every pair, as before
+
+
+def test_strongest_pairs_keep_each_regions_fastest_link():
+    from spantrain.profiler.regionstats import strongest_pairs
+
+    rng = np.random.default_rng(1)
+    bw = rng.uniform(0.1, 10, (30, 30))
+    bw = (bw + bw.T) / 2
+    lat = np.ones((30, 30))
+    pairs = strongest_pairs(bw, lat, per_region=1, limit=1000)
+    np.fill_diagonal(bw, -np.inf)
+    want = {tuple(sorted((a, int(np.argmax(bw[a]))))) for a in range(30)}
+    assert {tuple(p) for p in pairs.tolist()} == want
+    assert np.all(np.diff(bw[pairs[:, 0], pairs[:, 1]]) >= 0)  # slowest first: the fastest drawn on top
+    top = strongest_pairs(bw, lat, per_region=1, limit=5)
+    assert len(top) == 5 and set(map(tuple, top.tolist())) <= want
