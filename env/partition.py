@@ -202,23 +202,30 @@ def _least_fill(T, U, arg, tie, ctx):
     reserved = calib[C_RESERVED]
     U[:, :] = _INF
     U[0, 0] = 0.0
-    least = np.empty(U.shape[1])  # least[a - lo[s - 1]]: the least U[s - 1] at or before position a
+    # least[a - lo[s - 1]]: the least over first layers a' <= a of the fill before stage s - 1
+    # plus its link in, less m x its compute prefix at a'; with m x its prefix at b, its fixed
+    # seconds and the tie term of a range starting at a, a lower bound on every such range
+    least = np.empty(U.shape[1])
     for s in range(1, S + 1):
         d = devs[s - 1]
         o = lo[s - 1]
         run = _INF
         for a in range(o, hi[s - 1] + 1):
-            if U[s - 1, a - o] < run:
-                run = U[s - 1, a - o]
+            g = U[s - 1, a - o] - m * tfb[d, P[a]]
+            if s > 1:
+                g += link_fill[s - 1, a - o]
+            if g < run:
+                run = g
             least[a - o] = run
         for b in range(off[s], L + 1 if s == S else hi[s] + 1):
             best = _INF
             ba = -1
+            top = m * tfb[d, P[b]] + fixed[d]
             # downwards: the stage's seconds only grow, so the scan stops once they exceed T
-            # or, with the least fill before any lower first layer, the best
+            # or the bound exceeds the best (by more than rounding can account for)
             for a in range(min(b, hi[s - 1] + 1) - 1, o - 1, -1):
                 c = m * (tfb[d, P[b]] - tfb[d, P[a]]) + fixed[d]
-                if c > T or least[a - o] + c > best:
+                if c > T or least[a - o] + top + tie * c * c > best * (1.0 + 1e-9):
                     break
                 if U[s - 1, a - o] == _INF:
                     continue
