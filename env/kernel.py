@@ -512,9 +512,10 @@ def _best(code, S, M, x, n, Sw, Mw):
 
 # ---- data-parallel collectives (`spantrain.env.collectives`) ----------------------------------------
 #
-# They allocate nothing and take few arrays (every array argument costs reference counting
-# per call): `links` stacks bandwidth and latency, (2, devices, devices); node lists and
-# scratch are slices of one int array `w`, given by offsets.
+# They allocate nothing (but a ring of `_SORTED_RING_FROM` nodes or more its neighbour lists)
+# and take few arrays (every array argument costs reference counting per call): `links`
+# stacks bandwidth and latency, (2, devices, devices); node lists and scratch are slices of
+# one int array `w`, given by offsets.
 
 
 _SORTED_RING_FROM = 128
