@@ -6,7 +6,7 @@ import numpy as np
 
 from spantrain.cluster import GBPS, Cluster
 
-__all__ = ["region_groups", "region_pair_stats", "strongest_pairs"]
+__all__ = ["RegionStats", "region_groups", "region_pair_stats", "region_stats", "strongest_pairs"]
 
 _CHUNK = 1 << 22  # matrix entries gathered at once: a block of all 4,096 devices was 2 x 134 MB
 
@@ -16,6 +16,17 @@ def region_groups(cluster: Cluster) -> list[np.ndarray]:
     idx = cluster.region_index
     order = np.argsort(idx, kind="stable")
     return np.split(order, np.cumsum(np.bincount(idx, minlength=len(cluster.regions)))[:-1])
+
+
+RegionStats = tuple[list[np.ndarray], np.ndarray, np.ndarray]
+"""(devices of each region, median Gbit/s and ms between regions): what every view of a
+cluster's regions reads (`region_stats`)."""
+
+
+def region_stats(cluster: Cluster) -> RegionStats:
+    """`region_groups` and `region_pair_stats` at once, for views that share them."""
+    groups = region_groups(cluster)
+    return (groups, *region_pair_stats(cluster, groups))
 
 
 def region_pair_stats(cluster: Cluster, groups: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from spantrain._spec import plural, readable
 from spantrain.cluster import Cluster
-from spantrain.profiler.regionstats import region_groups, region_pair_stats, strongest_pairs
+from spantrain.profiler.regionstats import RegionStats, region_stats, strongest_pairs
 
 __all__ = ["region_summary", "region_links", "tables", "plot_topology", "format_gbps", "MAX_WAN_LINES",
            "WAN_LINES_PER_REGION"]
@@ -30,12 +30,10 @@ def format_gbps(gbps: float) -> str:
     return f"{gbps * 1000:.3g} Mb/s"
 
 
-def region_summary(cluster: Cluster) -> list[dict]:
-    """Per region: tier, devices, GPU mix, total TFLOP/s and memory, LAN bandwidth/latency."""
-    return _region_summary(cluster, region_groups(cluster), *region_pair_stats(cluster))
-
-
-def _region_summary(cluster: Cluster, groups: list[np.ndarray], bw: np.ndarray, lat: np.ndarray) -> list[dict]:
+def region_summary(cluster: Cluster, *, stats: RegionStats | None = None) -> list[dict]:
+    """Per region: tier, devices, GPU mix, total TFLOP/s and memory, LAN bandwidth/latency.
+    `stats`: `region_stats(cluster)` when the caller has it already."""
+    groups, bw, lat = region_stats(cluster) if stats is None else stats
     out = []
     for k, region in enumerate(cluster.regions):
         members = [cluster.devices[i] for i in groups[k]]
@@ -52,9 +50,9 @@ def _region_summary(cluster: Cluster, groups: list[np.ndarray], bw: np.ndarray, 
     return out
 
 
-def region_links(cluster: Cluster) -> list[dict]:
+def region_links(cluster: Cluster, *, stats: RegionStats | None = None) -> list[dict]:
     """Median bandwidth and latency for every ordered pair of different regions."""
-    bw, lat = region_pair_stats(cluster)
+    _, bw, lat = region_stats(cluster) if stats is None else stats
     regions = cluster.regions
     bws, lats = bw.tolist(), lat.tolist()  # Python floats at once: float() per pair was most of the time
     return [{"from": ra, "to": rb, "gbps": bw_a[b], "latency_ms": lat_a[b]}
@@ -62,13 +60,13 @@ def region_links(cluster: Cluster) -> list[dict]:
 
 
 def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_compact: int = 16,
-           max_regions: int = 64):
+           max_regions: int = 64, *, stats: RegionStats | None = None):
     """Rich renderables: regions (first `max_regions`), devices (up to `max_devices`), links by region pair."""
     from rich.table import Table
 
-    groups = region_groups(cluster)
-    bw, lat = region_pair_stats(cluster, groups)
-    summary = _region_summary(cluster, groups, bw, lat)
+    stats = region_stats(cluster) if stats is None else stats
+    _, bw, lat = stats
+    summary = region_summary(cluster, stats=stats)
     regions = cluster.regions
     total_tf = sum(d.tflops for d in cluster.devices)
     total_mem = sum(d.memory_gb for d in cluster.devices)
@@ -175,7 +173,7 @@ def _nice_ticks(lo: float, hi: float) -> list[float]:
 
 
 def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_LINES,
-                  per_region: int = WAN_LINES_PER_REGION) -> Path:
+                  per_region: int = WAN_LINES_PER_REGION, *, stats: RegionStats | None = None) -> Path:
     """Regions as labelled discs with their devices around them, links drawn by bandwidth: every
     region pair up to `max_lines`, else each region's `per_region` fastest, at most `max_lines`."""
     import matplotlib
@@ -188,8 +186,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
 
     pos, geo = _region_positions(cluster)
     regions = cluster.regions
-    groups = region_groups(cluster)
-    bw, lat = region_pair_stats(cluster, groups)
+    groups, bw, lat = region_stats(cluster) if stats is None else stats
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     span = max(1e-9, max(xs) - min(xs), max(ys) - min(ys))

@@ -53,19 +53,21 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from spantrain.profiler.regionstats import region_stats
     from spantrain.profiler.topoview import plot_topology, region_links, region_summary, tables
 
     if args.plot:
         check_figure_path(args.plot, "--plot")
     cluster = load_cluster(args.spec)
+    stats = region_stats(cluster)  # every view below reads the same medians
     if args.plot:
-        plot_topology(cluster, args.plot)
+        plot_topology(cluster, args.plot, stats=stats)
     if args.json:
-        print_json({"name": cluster.name, "devices": len(cluster), "regions": region_summary(cluster),
-                    "links": region_links(cluster), "plot": args.plot})
+        print_json({"name": cluster.name, "devices": len(cluster), "regions": region_summary(cluster, stats=stats),
+                    "links": region_links(cluster, stats=stats), "plot": args.plot})
         return 0
     console = stdout_console()
-    for t in tables(cluster):
+    for t in tables(cluster, stats=stats):
         console.print(t)
     if args.plot:
         console.print(f"plot written to {args.plot}")
