@@ -89,10 +89,11 @@ def _range_max(big, lo, hi):
 
 
 @njit(cache=True)
-def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L):
-    """Bytes a stage holding cut positions [a, b) needs (`CostModel.stage_memory`)."""
-    in_b = bb[a - 1] if a > 0 else 0.0
-    out_b = bb[b - 1] if b < L else 0.0
+def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L, edges=True):
+    """Bytes a stage holding cut positions [a, b) needs (`CostModel.stage_memory`, summed in
+    its order); without its boundary messages if not `edges` (adding 0.0 leaves the rest as is)."""
+    in_b = bb[a - 1] if edges and a > 0 else 0.0
+    out_b = bb[b - 1] if edges and b < L else 0.0
     return ((pp[b] - pp[a]) * state + infl * m * (pa[b] - pa[a]) + 2.0 * m * (in_b + out_b)
             + m * _range_max(big, P[a], P[b]) + reserved)
 
@@ -286,8 +287,7 @@ def _memory_ratio(devs, P, bb, pp, pa, big, cap, calib, infl, m):
             # only grows as its first layer moves down) exceeds the best; of equal ratios the
             # lowest first layer, as an upward scan would pick
             for a in range(b - 1, s - 2, -1):
-                held = ((pp[b] - pp[a]) * state + infl[s - 1] * m * (pa[b] - pa[a]) + m * _range_max(big, P[a], P[b])
-                        + reserved) / cap[d]
+                held = _stage_mem(a, b, m, infl[s - 1], P, pp, pa, bb, big, state, reserved, L, False) / cap[d]
                 if held > best:
                     break
                 v = V[s - 1, a]
@@ -409,7 +409,7 @@ class Partitioner:
         devs = np.array(devices, dtype=np.int64)
         cuts, view = self._positions(S)
         coarse = len(cuts) < self.num_layers + 1
-        starts = self._run(devs, cuts, view, infl, m, M, n_ops, check_memory, _TIE if coarse else 0.0)
+        starts = self._run(devs, view, infl, m, M, n_ops, check_memory, _TIE if coarse else 0.0)
         if coarse and not len(starts) and check_memory and self._near_fit(devs, cuts, view, infl, m):
             # it may fit only with a cut between coarse positions: the exact memory DP says so,
             # and where (its partition then starts the refinement)
@@ -471,7 +471,7 @@ class Partitioner:
             bands = np.zeros((2, S), np.int64)
             bands[0, 1:] = np.searchsorted(window, ranges[0])
             bands[1, 1:] = np.searchsorted(window, ranges[1], side="right") - 1
-            fine = self._run(devs, window, self._at(window), infl, m, M, n_ops, check_memory, 0.0, bands)
+            fine = self._run(devs, self._at(window), infl, m, M, n_ops, check_memory, 0.0, bands)
             if not len(fine) or tuple(fine.tolist()) in seen:
                 break
             seen.add(tuple(fine.tolist()))
@@ -486,8 +486,8 @@ class Partitioner:
                 np.ascontiguousarray(self._bb[P[1:] - 1]), np.ascontiguousarray(mdl.params_prefix[P]),
                 np.ascontiguousarray(mdl.activation_prefix[P]))
 
-    def _run(self, devs, P, view, infl, m, M, n_ops, check_memory, tie, bands=None) -> np.ndarray:
-        """`_partition` over the cut positions `P`; the stage start layers (empty: none fits).
+    def _run(self, devs, view, infl, m, M, n_ops, check_memory, tie, bands=None) -> np.ndarray:
+        """`_partition` over the cut positions of `view` (`_at`); the stage start layers (empty: none fits).
         `bands` (2, S): the least and the most index into P each stage may start at (default:
         any that leaves every stage a position)."""
         P, bb, pp, pa = view
