@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 import pytest
+from partition_helpers import dp_terms
 
 from spantrain.env import partition
-from spantrain.env.calibration import C_MSG
 from spantrain.env.costmodel import CostModel
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
@@ -44,20 +44,6 @@ def test_memory_ratio_is_the_least_largest_stage_share_over_every_partition(seed
             assert got == pytest.approx(brute, rel=1e-12), (devs, m, M, schedule)
 
 
-def _fill(part: partition.Partitioner, devs, starts, m: int, n_ops: float) -> float:
-    """One micro-batch's seconds through every stage and link: what the DP's least-fill pass minimizes."""
-    mdl, L = part.model, part.num_layers
-    ends = [*starts[1:], L]
-    total = 0.0
-    for s, (d, a, b) in enumerate(zip(devs, starts, ends)):
-        total += m * (part._tfb[d, b] - part._tfb[d, a]) + part._op[d] * n_ops
-        if s:
-            d0 = devs[s - 1]
-            occ = m * part._bb[a - 1] / min(mdl.bandwidth[d0, d], mdl.bandwidth[d, d0]) + mdl.calib[C_MSG]
-            total += 2 * occ + mdl.latency[d0, d] + mdl.latency[d, d0]
-    return total
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_one_micro_batch_gets_the_least_fill_of_every_partition_that_fits(seed):
     """With M = 1 the DP's objective is the fill alone, so its pruned scans must find the
@@ -74,10 +60,11 @@ def test_one_micro_batch_gets_the_least_fill_of_every_partition_that_fits(seed):
         for m, schedule in ((1, "1f1b"), (4, "zb-h1")):
             n_ops = 2.0 if schedule == "1f1b" else 3.0
             infl = part.in_flight(schedule, S, 1)
-            fills = [_fill(part, devs, (0, *cuts), m, n_ops) for cuts in itertools.combinations(range(1, L), S - 1)
+            fills = [dp_terms(part, devs, (0, *cuts), m, n_ops)[1]
+                     for cuts in itertools.combinations(range(1, L), S - 1)
                      if all(model.stage_memory(a, b, m, infl[s]) <= model.memory_capacity(d)
                             for s, (d, a, b) in enumerate(zip(devs, (0, *cuts), (*cuts, L))))]
             got = part.split(devs, m, 1, schedule)
             assert (got is None) == (not fills), (devs, m)
             if fills:
-                assert _fill(part, devs, got, m, n_ops) == pytest.approx(min(fills), rel=1e-12), (devs, m)
+                assert dp_terms(part, devs, got, m, n_ops)[1] == pytest.approx(min(fills), rel=1e-12), (devs, m)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from partition_helpers import dp_terms
 
 from spantrain.env import partition
-from spantrain.env.calibration import C_MSG
 from spantrain.env.costmodel import CostModel
 from spantrain.profiler.topology import generate
 from spantrain.workload import Workload
@@ -18,16 +18,7 @@ ARCH = {"family": "gpt2", "vocab_size": 32000, "d_model": 256, "n_layers": 1498,
 
 def _objective(part: partition.Partitioner, devs, starts, m: int, M: int) -> float:
     """What the DP minimizes, (M - 1) x bottleneck + fill, for 1F1B (two ops per micro-batch)."""
-    mdl, L = part.model, part.num_layers
-    bott = fill = 0.0
-    for s, d in enumerate(devs):
-        a, b = starts[s], starts[s + 1] if s + 1 < len(devs) else L
-        c = m * (part._tfb[d, b] - part._tfb[d, a]) + part._op[d] * 2
-        bott, fill = max(bott, c), fill + c
-        if s:
-            d0 = devs[s - 1]
-            occ = m * part._bb[a - 1] / min(mdl.bandwidth[d0, d], mdl.bandwidth[d, d0]) + mdl.calib[C_MSG]
-            bott, fill = max(bott, occ), fill + 2 * occ + mdl.latency[d0, d] + mdl.latency[d, d0]
+    bott, fill = dp_terms(part, devs, starts, m, 2)
     return (M - 1) * bott + fill
 
 
