@@ -268,15 +268,20 @@ class Cluster:
     def _network_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Arrays implied by the declarative network alone (no device-pair overrides)."""
         regions = list(dict.fromkeys(d.region for d in self.devices))
-        r = len(regions)
-        region_bw = np.empty((r, r))
-        region_lat = np.empty((r, r))
-        for a in range(r):
-            for b in range(r):
-                link = self.network.between(regions[a], regions[b])
-                region_bw[a, b] = link.bytes_per_s
-                region_lat[a, b] = link.latency_s
         pos = {name: k for k, name in enumerate(regions)}
+        # filled per listed link, not per region pair: thousands of regions have millions of pairs
+        default = self.network.default
+        region_bw = np.full((len(regions),) * 2, np.nan if default is None else default.bytes_per_s)
+        region_lat = np.full((len(regions),) * 2, np.nan if default is None else default.latency_s)
+        for (a, b), link in self.network.links.items():
+            if a in pos and b in pos:
+                i, j = pos[a], pos[b]
+                region_bw[i, j] = region_bw[j, i] = link.bytes_per_s
+                region_lat[i, j] = region_lat[j, i] = link.latency_s
+        for name, k in pos.items():
+            region_bw[k, k] = self.network.regions[name].bytes_per_s
+            region_lat[k, k] = self.network.regions[name].latency_s
+        assert not np.isnan(region_bw).any(), "_check_devices lets no region pair go without a link"
         idx = np.array([pos[d.region] for d in self.devices], dtype=np.int64)
         return region_bw[np.ix_(idx, idx)], region_lat[np.ix_(idx, idx)]
 
@@ -337,7 +342,9 @@ def _check_devices(devices: tuple[Device, ...], network: Network) -> list[str]:
         seen.add(d.id)
         if d.region not in network.regions:
             problems.append(f"device {shown(d.id)}: region {shown(d.region)} is not listed under network.regions")
-    regions = list(dict.fromkeys(d.region for d in devices if d.region in network.regions))
+    # with a default every region pair has a link; without one, each pair must be listed
+    regions = [] if network.default is not None else list(
+        dict.fromkeys(d.region for d in devices if d.region in network.regions))
     for i, a in enumerate(regions):
         for b in regions[i + 1:]:
             if network.between(a, b) is None:

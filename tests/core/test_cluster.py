@@ -29,6 +29,30 @@ def test_design_example_expands_counts_and_fills_arrays(demo_spec):
     assert c.device("edge-0").tflops == 35 and c.device("end-0").memory_bytes == 12e9
 
 
+@pytest.mark.parametrize("default", [True, False])
+def test_arrays_hold_each_region_pairs_link(default):
+    # the arrays are filled per listed link over a default; every device pair must read
+    # what the network section says of its two regions, with or without a default
+    rng = np.random.default_rng(0)
+    names = [f"r{k}" for k in range(7)]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    listed = [p for p in pairs if not default or rng.random() < 0.4]
+    spec = {"name": "links",
+            "devices": [{"id": f"d{k}", "region": names[k % 7], "tier": "edge", "gpu": "g",
+                         "tflops": 10, "memory_gb": 8} for k in range(12)],
+            "network": {"regions": {r: {"gbps": float(rng.uniform(1, 100)), "latency_ms": 0.1} for r in names},
+                        "links": [{"between": [b, a], "gbps": float(rng.uniform(0.1, 1)),
+                                   "latency_ms": float(rng.uniform(1, 50))} for a, b in listed]}}
+    if default:
+        spec["network"]["default"] = {"gbps": 0.05, "latency_ms": 80}
+    c = Cluster.from_spec(spec)
+    for i, di in enumerate(c.devices):
+        for j, dj in enumerate(c.devices):
+            if i != j:
+                link = c.network.between(di.region, dj.region)
+                assert (c.bandwidth[i, j], c.latency[i, j]) == (link.bytes_per_s, link.latency_s)
+
+
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_spec_round_trips_through_files(demo_spec, tmp_path, suffix):
     c = Cluster.from_spec(demo_spec)
