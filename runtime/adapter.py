@@ -47,7 +47,7 @@ from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.runtime.checkpoint import PLAN_FILE
 from spantrain.runtime.config import RunConfig
-from spantrain.runtime.metrics import read_step_records
+from spantrain.runtime.metrics import iteration_totals
 
 __all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars"]
 
@@ -229,11 +229,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     def whole_run(result: dict[str, Any]) -> dict[str, Any]:
         # steps: the whole run's (the last plan's result counted its own only); step_s, samples_per_s:
         # the last plan's, each plan's in segments
-        losses = _losses(cfg.metrics_path, first_step, result["final_step"])
-        return {**result, "steps": len(losses), "start_step": first_step, "losses": losses,
-                "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-                "resumed_from": resumed_from, "adaptations": adapter.records, "segments": segments,
-                "skipped_steps": _skipped(cfg.metrics_path, first_step, result["final_step"])}
+        return {**result, **iteration_totals(cfg.metrics_path, result["final_step"], first_step),
+                "resumed_from": resumed_from, "adaptations": adapter.records, "segments": segments}
 
     try:
         while True:
@@ -287,7 +284,7 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
         _log_decisions(cfg.metrics_path, adapter.records, written)
     whole = whole_run(result)
     if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
-        _track_decisions(cfg, adapter.records, whole)
+        _track_decisions(cfg, adapter.records)
     _write_result(cfg, whole)  # RUN_DIR/result.json held the last plan's part alone
     return whole
 
@@ -299,18 +296,6 @@ def _write_result(cfg: RunConfig, result: dict[str, Any]) -> None:
 
 def _checkpoint_step(path: Path | None) -> int:
     return int(json.loads((path / "train_state.json").read_text())["step"]) if path is not None else 0
-
-
-def _skipped(path: str, start: int, end: int) -> int:
-    """fp16 updates skipped on overflow in (start, end], over every plan (a launch counts only its own)."""
-    by_step = {rec["step"]: rec.get("overflow", False) for rec in read_step_records(path)}
-    return sum(1 for s in range(start + 1, end + 1) if by_step.get(s))
-
-
-def _losses(path: str, start: int, end: int) -> list[float]:
-    """Loss of every iteration in (start, end], as last trained (iterations retrained after a kill count once)."""
-    by_step = {rec["step"]: rec["loss"] for rec in read_step_records(path)}
-    return [by_step[s] for s in range(start + 1, end + 1) if s in by_step]
 
 
 def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> int:
@@ -327,19 +312,17 @@ DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "i
 """Columns of the ``adapt/decisions`` W&B table: every decision of an ``--adapt`` run, kept plans too."""
 
 
-def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]], whole: dict[str, Any]) -> None:
+def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]]) -> None:
     """Every decision as one W&B table in the job's run (`cfg.wandb_id`), at the end: the new
     plans' ranks 0 log a switch's numbers as it starts, but a decision to keep the plan has no
-    launch of its own to log it. The summary becomes the whole run's (`whole`), where the last
-    plan's launch left its own."""
+    launch of its own to log it. (The summary's totals are the whole run's: each launch's rank 0
+    counts them from the metrics file, `iteration_totals`.)"""
     from spantrain.tracking import Tracker
 
     with Tracker(job_type="run", dir=Path(cfg.run_dir) / "wandb", run_id=cfg.wandb_id) as tracker:
         tracker.log_table("adapt/decisions", list(DECISION_COLUMNS),
                           [[r.get(c) for c in DECISION_COLUMNS] for r in records],
                           step=0)  # the tracker moves it past the iterations the run logged
-        tracker.summary({k: whole[k] for k in ("steps", "loss_first", "loss_last", "skipped_steps", "start_step")
-                         if whole.get(k) is not None})
 
 
 def adaptation_scalars(record: dict[str, Any]) -> dict[str, float]:

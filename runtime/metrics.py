@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps",
-           "read_step_records"]
+           "read_step_records", "iteration_totals", "TOTALS_IN_SUMMARY"]
 
 DRIFT_FACTOR = 2.0
 """Slowdown (recent median step time / baseline median) that is reported as drift. High
@@ -146,6 +146,27 @@ def read_step_records(path: str | Path) -> list[dict[str, Any]]:
         if "loss" in rec and "step" in rec:
             records.append(rec)
     return records
+
+
+TOTALS_IN_SUMMARY = ("start_step", "steps", "loss_first", "loss_last", "skipped_steps")
+"""The `iteration_totals` a W&B run's summary shows: the whole run's, where a launch's own
+medians (step_s, samples_per_s) stay its own."""
+
+
+def iteration_totals(path: str | Path, end: int, start: int | None = None) -> dict[str, Any]:
+    """The iterations (start, end] of a metrics file, each as last trained (a resumed run trains
+    the ones after its checkpoint again; they count once): ``start_step``, ``steps``, ``losses``,
+    ``loss_first``, ``loss_last`` and ``skipped_steps`` (fp16 overflows). `start` None: where
+    the file's first iteration began, so the whole run that resumed launches continue (a new run
+    refuses a metrics file that holds another run's iterations)."""
+    by_step = {rec["step"]: rec for rec in read_step_records(path)}
+    if start is None:
+        start = min((s for s in by_step if s <= end), default=end + 1) - 1
+    kept = [by_step[s] for s in range(start + 1, end + 1) if s in by_step]
+    losses = [r["loss"] for r in kept]
+    return {"start_step": start, "steps": len(kept), "losses": losses,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "skipped_steps": sum(1 for r in kept if r.get("overflow"))}
 
 
 def _ends_cut(path: Path) -> bool:

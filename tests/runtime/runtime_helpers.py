@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,3 +178,13 @@ def run_ranks(script: str, store: Path, world_size: int = 2, timeout: float = 12
     outs = [p.communicate(timeout=timeout) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     return [out for out, _ in outs]
+
+
+def wandb_items(records: bytes, key: str) -> list[str]:
+    """The values W&B recorded for `key` (config and summary items alike), read off its offline
+    file: protobuf items of field 1, the key, and field 16, the value as JSON."""
+    out = []
+    for m in re.finditer(re.escape(bytes([0x0A, len(key)]) + key.encode() + b"\x82\x01"), records):
+        n = records[m.end()]
+        out.append(records[m.end() + 1:m.end() + 1 + n].decode())
+    return out

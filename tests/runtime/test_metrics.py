@@ -7,7 +7,14 @@ import json
 import pytest
 
 from spantrain.runtime.launcher import _Progress
-from spantrain.runtime.metrics import DRIFT_FACTOR, DriftWatch, MetricsLog, read_step_records, summarize
+from spantrain.runtime.metrics import (
+    DRIFT_FACTOR,
+    DriftWatch,
+    MetricsLog,
+    iteration_totals,
+    read_step_records,
+    summarize,
+)
 
 
 def _record(step: int, step_s: float) -> dict:
@@ -169,3 +176,18 @@ def test_a_run_after_a_cut_line_starts_on_a_line_of_its_own(tmp_path):
     assert [r["step"] for r in read_step_records(path)] == [8, 9]
     MetricsLog(tmp_path / "new.jsonl").close()  # a new file gets no empty first line
     assert (tmp_path / "new.jsonl").read_text() == ""
+
+
+def test_iteration_totals_count_each_iteration_as_last_trained(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [(3, True, 9.0), (4, False, 8.0), (5, True, 7.0), (6, True, 6.0),  # a run resumed at iteration 2
+            (6, False, 5.5), (7, True, 5.0), (8, False, 4.0)]  # iteration 6 retrained after a switch or a kill
+    path.write_text("".join(json.dumps({"step": s, "loss": x, "step_s": 0.1, "overflow": o}) + "\n"
+                            for s, o, x in rows) + '{"event": "end", "final_step": 8}\n')
+    whole = iteration_totals(path, 8)  # where the file's first iteration began
+    assert whole == {"start_step": 2, "steps": 6, "losses": [9.0, 8.0, 7.0, 5.5, 5.0, 4.0], "loss_first": 9.0,
+                     "loss_last": 4.0, "skipped_steps": 3}  # 3, 5 and 7: iteration 6 as last trained
+    part = iteration_totals(path, 7, start=4)
+    assert part["losses"] == [7.0, 5.5, 5.0] and part["skipped_steps"] == 2 and part["start_step"] == 4
+    assert iteration_totals(path, 2)["steps"] == 0
+    assert iteration_totals(tmp_path / "none.jsonl", 5)["loss_first"] is None

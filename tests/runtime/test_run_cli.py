@@ -429,7 +429,7 @@ def test_a_diverged_run_says_so(capsys, losses, note, in_fp16):
 
 
 def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
-    from runtime_helpers import ASYMMETRIC, CLUSTER, MODEL, plan, run_plan
+    from runtime_helpers import ASYMMETRIC, CLUSTER, MODEL, plan, run_plan, wandb_items
 
     from spantrain.cluster import Cluster
     from spantrain.env.calibration import Calibration
@@ -459,9 +459,17 @@ def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path
 
     # resumed: the same W&B run continues (it was a new run, unlinked to the first); offline, in a
     # second directory under the same id, which `wandb sync` of both uploads as one
-    again = Path(run_plan(tmp_path, "tracked", the_plan, 3, "--track", "--resume")["wandb"])
+    resumed = run_plan(tmp_path, "tracked", the_plan, 3, "--track", "--resume")
+    again = Path(resumed["wandb"])
     assert again != where and again.name.split("-")[-1] == where.name.split("-")[-1]
     assert (tmp_path / "tracked" / "wandb" / f"last-step-{where.name.split('-')[-1]}").read_text() == "3"
+    # and its summary counts the whole run, as its chart shows it: it held the resumed launch's
+    # one iteration (steps 1, its own first loss)
+    records = wandb_records(again, b"loss_first", b"stopped_early")
+    assert wandb_items(records, "loss_first") == [json.dumps(res["losses"][0])] != [json.dumps(resumed["losses"][0])]
+    assert wandb_items(records, "loss_last") == [json.dumps(resumed["losses"][-1])]
+    assert wandb_items(records, "start_step") == ["2", "0"]  # the launch's (config), the run's (summary)
+
 
 
 def test_a_bad_calibration_file_is_named_by_its_flag_before_any_worker_starts(tmp_path):
