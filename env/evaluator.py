@@ -173,7 +173,7 @@ class Evaluator:
 
     def evaluate(self, layout: Layout, shares: tuple[int, ...], knobs: Knobs) -> Candidate:
         """Score one fully specified candidate (memoized)."""
-        key = (layout, shares, knobs)
+        key = (layout, shares, knobs, self.part.mode)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -212,7 +212,7 @@ class Evaluator:
     def pipeline_time(self, devs: tuple[int, ...], b: int, knobs: Knobs) -> float:
         """Seconds per iteration of one pipeline alone with share b (its steady-state period
         plus its optimizer step); inf when it does not fit memory. Memoized."""
-        key = (devs, b, knobs.micro_batch_size, knobs.schedule)
+        key = (devs, b, knobs.micro_batch_size, knobs.schedule, self.part.mode)
         hit = self._pipe_cache.get(key)
         if hit is None:
             built = self.build((devs,), (b,), knobs)

@@ -37,10 +37,14 @@ pipeline that fits memory only with a cut between coarse positions is found by t
 memory DP, whose partition then starts the refinement. The lower bound becomes a
 relaxation over the coarse positions that stays a lower bound (`_min_bottleneck`), and
 `memory_ratio`, which only words an error, is taken on the coarse positions (it may
-overstate the shortfall).
+overstate the shortfall). A search that ranks many pipelines can skip the refinement
+(`Partitioner.screened`) and partition the ones it keeps in full.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from numba import njit
@@ -378,6 +382,8 @@ class Partitioner:
         # fixed seconds per op as the cost model charges them (an empty layer range)
         self._op = np.array([model.compute_time(d, 0, 0, 1)[0] for d in range(len(model.cluster))])
         self._classes = list(classes) if classes is not None else None
+        self.screening = False
+        """True: deep models keep their coarse partitions, unrefined (`screened`)."""
         self._cache: dict[tuple, tuple[int, ...] | None] = {}
         self._lb_cache: dict[tuple[int, ...], float] = {}
         self._infl: dict[tuple[str, int, int], np.ndarray] = {}
@@ -385,6 +391,28 @@ class Partitioner:
     def _word(self, devices: tuple[int, ...]) -> tuple[int, ...]:
         c = self._classes
         return devices if c is None else tuple(map(c.__getitem__, devices))
+
+    @contextmanager
+    def screened(self) -> Iterator[None]:
+        """Within: deep models' partitions stay on the coarse positions, not refined layer by
+        layer (which takes most of a deep split's time), to rank many candidates; the ones a
+        search keeps are partitioned again in full after it. No effect on other models."""
+        before, self.screening = self.screening, True
+        try:
+            yield
+        finally:
+            self.screening = before
+
+    @property
+    def coarse(self) -> bool:
+        """Whether the model is deep: partitioned on coarse positions, then refined."""
+        return self._coarse
+
+    @property
+    def mode(self) -> bool:
+        """What a cache of partition-based results must key on besides its request: whether
+        partitions are screened ones (which differ only for deep models)."""
+        return self.screening and self._coarse
 
     def in_flight(self, schedule: str, S: int, M: int) -> np.ndarray:
         """Micro-batches each stage position keeps for backward (memoized)."""
@@ -399,7 +427,7 @@ class Partitioner:
               check_memory: bool = True) -> tuple[int, ...] | None:
         """First layer of each stage for `devices` in pipeline order, or None when no
         partition fits in memory (or there are more devices than layers)."""
-        key = (self._word(devices), m, M, schedule, check_memory)
+        key = (self._word(devices), m, M, schedule, check_memory, self.mode)
         hit = self._cache.get(key, False)
         if hit is not False:
             return hit
@@ -418,7 +446,7 @@ class Partitioner:
                                         infl, float(m))
             if ratio <= 1.0:
                 starts = fits
-        if coarse and len(starts):
+        if coarse and len(starts) and not self.screening:
             starts = self._refine(devs, starts, infl, m, M, n_ops, check_memory)
         out = tuple(starts.tolist()) if len(starts) else None
         if len(self._cache) > 500_000:

@@ -25,7 +25,9 @@
    chains merged, a unit moved within its chain (each scored at a hinted P, the best
    few re-scanned over P), or a unit dropped or a chain's P re-picked (always scanned
    over P: shrinking is how the plan sheds devices that only slow it). Large clusters
-   consider the most promising unused units per round (fastest, best connected).
+   consider the most promising unused units per round (fastest, best connected). Deep
+   models (over `COARSE_CUTS` layers) rank structures on coarse, unrefined layer
+   partitions, and partition the best 12 again in full (`Partitioner.screened`).
 4. **Refine** the best few layouts device by device: drop a pipeline or a device, or
    (small layouts) move a run of 1-3 devices elsewhere in its pipeline, while it helps.
    Besides the best few layouts, the fastest device that holds the whole model is
@@ -111,6 +113,9 @@ Chain = tuple[tuple[int, ...], int]
 """(unit ids in pipeline order, pipeline count)."""
 Structure = tuple[Chain, ...]
 
+_SCREEN_KEEP = 4
+"""A deep model's structure search ranks on coarse partitions; this many times `tune_top`
+of its best are partitioned again in full, the best `tune_top` of those kept."""
 _P_STEPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 """Pipeline counts a chain may take (denser where the choice matters most)."""
 
@@ -685,20 +690,29 @@ class _ChainSearch:
         """Greedy structure search under `knobs` from `start` (or from the best initial
         structure); the best structures found, best first, as candidates."""
         self.knobs = knobs
-        if start is None:
-            # infeasible starts rank by memory shortfall, so the greedy first grows towards a fit
-            cur = min(self.initial(), key=lambda x: x[0].rank)
-        else:
-            cur = (self.score(start), start)
-        for _ in range(self.config.max_rounds):
-            options = self.moves(cur[1])
-            if not options:
-                break
-            nxt = min(options, key=lambda x: x[0].rank)
-            if not _better(nxt[0], cur[0]):
-                break
-            cur = nxt
-        ranked = sorted((c for (_, k), c in self._scores.items() if k == knobs and c.layout), key=lambda c: c.rank)
+        # a deep model's structures are ranked on coarse partitions (`Partitioner.screened`:
+        # refining each took 2/3 of planning on 1,024 devices); the ones kept, in full
+        with self.ev.part.screened():
+            if start is None:
+                # infeasible starts rank by memory shortfall, so the greedy first grows towards a fit
+                cur = min(self.initial(), key=lambda x: x[0].rank)
+            else:
+                cur = (self.score(start), start)
+            for _ in range(self.config.max_rounds):
+                options = self.moves(cur[1])
+                if not options:
+                    break
+                nxt = min(options, key=lambda x: x[0].rank)
+                if not _better(nxt[0], cur[0]):
+                    break
+                cur = nxt
+            ranked = sorted((c for (_, k), c in self._scores.items() if k == knobs and c.layout),
+                            key=lambda c: c.rank)
+        if self.ev.part.coarse:
+            # coarse and refined partitions rank layouts differently (either may be faster by
+            # the cost model), so more than the few kept are partitioned again in full
+            ranked = sorted((self.ev.balance(c.layout, knobs, refit=0, moves=0)
+                             for c in ranked[: _SCREEN_KEEP * self.config.tune_top]), key=lambda c: c.rank)
         return ranked[: self.config.tune_top]
 
     # ---- device refinement --------------------------------------------------------------------

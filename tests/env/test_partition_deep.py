@@ -85,3 +85,23 @@ def test_a_pipeline_of_more_stages_than_coarse_intervals_is_partitioned(monkeypa
     got = part.split(devs, 1, 16, "1f1b", check_memory=False)
     assert got is not None and len(got) == 12 and list(got) == sorted(set(got))
     assert 0 < part.min_bottleneck_per_sample(devs) < float("inf")
+
+
+def test_screened_splits_stay_on_the_coarse_positions_and_are_cached_apart():
+    model = _deep_model("datacenter")
+    devs = tuple(range(8))
+    part = partition.Partitioner(model)
+    with part.screened():
+        assert part.screening and part.mode
+        screened = part.split(devs, 1, 32, "1f1b")
+    assert not part.screening and not part.mode
+    full = part.split(devs, 1, 32, "1f1b")  # not the screened one, cached first
+    assert full == partition.Partitioner(model).split(devs, 1, 32, "1f1b")
+    assert set(screened) <= set(part._positions(len(devs))[0].tolist()) and screened != full
+    with part.screened():
+        assert part.split(devs, 1, 32, "1f1b") == screened
+    # a model of few layers has nothing to screen
+    shallow = partition.Partitioner(CostModel(generate(12, 1, "cee"), Workload.from_preset("gpt2-small")))
+    with shallow.screened():
+        assert not shallow.mode
+        assert shallow.split(devs, 1, 32, "1f1b") == partition.Partitioner(shallow.model).split(devs, 1, 32, "1f1b")

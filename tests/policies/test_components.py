@@ -256,3 +256,22 @@ def test_zero_bubble_second_pass_runs_when_no_zero_bubble_plan_fit():
     best = HeuristicPlanner().best_candidate(ev)
     assert ga_plan.feasible and best.time <= ga_plan.time
     assert best.knobs.schedule.startswith("zb")
+
+
+def test_a_deep_models_structure_search_ranks_on_coarse_partitions_and_returns_full_ones(monkeypatch):
+    from spantrain.env import partition
+    from spantrain.policies.heuristic import _PROBE, HeuristicConfig, _ChainSearch
+
+    monkeypatch.setattr(partition, "COARSE_CUTS", 8)  # gpt2-small's 14 layers make a deep model
+    ev = Evaluator(generate(12, 0, "cee"), Workload.from_preset("gpt2-small"))
+    assert ev.part.coarse
+    screened: list[bool] = []
+    real = Partitioner.split
+    monkeypatch.setattr(Partitioner, "split",
+                        lambda self, *a, **k: screened.append(self.screening) or real(self, *a, **k))
+    top = _ChainSearch(ev, HeuristicConfig()).run(_PROBE)
+    assert top and any(screened) and not ev.part.screening
+    full = Partitioner(ev.model, ev.classes)
+    for cand in top:  # what the refinement and tuning start from: full partitions, as the plan gets
+        assert cand.built and all(starts == full.split(devs, m, M, cand.knobs.schedule)
+                                  for devs, starts, m, M in cand.built)
