@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,8 +44,8 @@ from spantrain.cluster import Cluster
 from spantrain.env.calibration import C_OP, C_OPF, C_SPB, C_SPW, Calibration
 from spantrain.env.collectives import SYNC_CODES
 from spantrain.env.collectives import collective_time as _collective_time
+from spantrain.env.kernel import SCREEN_FROM, out_size, pack_model, plan_ints, plan_views, split_out, workspace_size
 from spantrain.env.kernel import evaluate as _evaluate
-from spantrain.env.kernel import out_size, pack_model, plan_ints, plan_views, split_out, workspace_size
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.env.symmetry import device_classes
 from spantrain.errors import PlanError, SpecError
@@ -196,6 +197,9 @@ class CostModel:
         self._ids = cluster.ids
         self._index = {d: i for i, d in enumerate(self._ids)}
         self._memo: dict | None = {} if memo else None
+        self._screen_memo: dict = {}
+        self.screening = False
+        """True: pipelines of many micro-batches are extrapolated, not simulated (`screened`)."""
         self._capacity = self.capacity_bytes.tolist()
         self._packed = (*pack_model(self.forward_prefix, self.input_grad_prefix, self.weight_grad_prefix,
                                     self.boundary_bytes, self.params_prefix, self.activation_prefix,
@@ -211,6 +215,29 @@ class CostModel:
     def classes(self) -> list[int]:
         """Interchangeable-device class of every device (`spantrain.env.symmetry.device_classes`)."""
         return device_classes(self.cluster)
+
+    @contextmanager
+    def screened(self) -> Iterator[None]:
+        """Within: a pipeline of `SCREEN_FROM` micro-batches or more is simulated at about
+        a thousand and its timing extrapolated over the rest (`spantrain.env.kernel.evaluate`,
+        ``screen``), for a search to rank many candidates at large batches fast; the ones
+        it keeps it scores again outside. No effect on smaller batches."""
+        before, self.screening = self.screening, True
+        try:
+            yield
+        finally:
+            self.screening = before
+
+    @property
+    def screens(self) -> bool:
+        """Whether screening can change an estimate: the batch allows `SCREEN_FROM`
+        micro-batches in a pipeline."""
+        return self.workload.global_batch >= SCREEN_FROM
+
+    @property
+    def mode(self) -> bool:
+        """What a cache of estimates must key on besides the plan: whether they are screened."""
+        return self.screening and self.screens
 
     # ---- whole plans -------------------------------------------------------------------
 
@@ -323,9 +350,13 @@ class CostModel:
         at = self._unknown
         records = self._none
         hits = None
+        screen = self.screening
         if memo is not None:
             if len(keys) != P:
                 raise ValueError("PlanArrays.keys must name every pipeline when the memo is on")
+            if screen and any(key[2] >= SCREEN_FROM for key in keys):
+                # screened records (key[2]: micro-batches) differ from exact ones: kept apart
+                memo = self._screen_memo
             hits = [memo.get(key) for key in keys]
             found = [h for h in hits if h is not None]
             if found:
@@ -343,7 +374,7 @@ class CostModel:
             at = self._unknown = np.full(2 * P, -1, dtype=np.int64)
         tables, layer, dev, links, region, calib = self._packed
         _evaluate(tables, layer, dev, links, region, calib, ints, P, NS, sched, sync, period, at, records, out,
-                  *self._ws)
+                  *self._ws, screen)
         if hits is not None and len(found) < P:
             if len(memo) > _MEMO_MAX:
                 memo.clear()
@@ -361,8 +392,10 @@ class CostModel:
             return
         if keys is None:
             self._memo.clear()
+            self._screen_memo.clear()
         for key in keys or ():
             self._memo.pop(key, None)
+            self._screen_memo.pop(key, None)
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict one iteration of `plan`; raises `PlanError` if the plan is invalid."""

@@ -160,6 +160,12 @@ class Evaluator:
 
     # ---- building ----------------------------------------------------------------------
 
+    @property
+    def mode(self) -> tuple[bool, bool]:
+        """What a cache of scores must key on besides the candidate: whether partitions
+        (`Partitioner.screened`) and estimates (`CostModel.screened`) are screened ones."""
+        return self.part.mode, self.model.mode
+
     def build(self, layout: Layout, shares: tuple[int, ...], knobs: Knobs):
         """Per pipeline (devices, starts, m, M), or None when some pipeline does not fit."""
         out = []
@@ -173,7 +179,7 @@ class Evaluator:
 
     def evaluate(self, layout: Layout, shares: tuple[int, ...], knobs: Knobs) -> Candidate:
         """Score one fully specified candidate (memoized)."""
-        key = (layout, shares, knobs, self.part.mode)
+        key = (layout, shares, knobs, self.mode)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -212,7 +218,7 @@ class Evaluator:
     def pipeline_time(self, devs: tuple[int, ...], b: int, knobs: Knobs) -> float:
         """Seconds per iteration of one pipeline alone with share b (its steady-state period
         plus its optimizer step); inf when it does not fit memory. Memoized."""
-        key = (devs, b, knobs.micro_batch_size, knobs.schedule, self.part.mode)
+        key = (devs, b, knobs.micro_batch_size, knobs.schedule, self.mode)
         hit = self._pipe_cache.get(key)
         if hit is None:
             built = self.build((devs,), (b,), knobs)

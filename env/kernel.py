@@ -90,7 +90,8 @@ from spantrain.env.calibration import (
 )
 
 __all__ = ["evaluate_plan", "evaluate", "plan_ints", "plan_views", "out_size", "workspace_size",
-           "memo_record", "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS"]
+           "memo_record", "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS",
+           "SCREEN_FROM"]
 
 STAGE_COLUMNS = ("f_s", "b_s", "w_s", "end_s", "in_flight", "memory_bytes", "optimizer_s", "start_s",
                  "sync_done_s")
@@ -101,6 +102,13 @@ SCALARS = ("iteration_s", "pipeline_max_s", "sync_alone_s", "exposed_comm_s", "o
 device's memory; `samples_per_s` is 0 for an infeasible plan, as in `Estimate`)."""
 
 _INF = np.inf
+SCREEN_FROM = 2160
+"""Screening (`evaluate`'s ``screen``) extrapolates pipelines of this many micro-batches or
+more from simulations of `_SCREEN_A` and `_SCREEN_A` + `_SCREEN_D`."""
+_SCREEN_A = 240
+_SCREEN_D = 840
+"""A multiple of every steady-state cycle of up to 8 micro-batches (lcm(1..8)): timings
+repeat with such cycles, and a difference over whole cycles is their exact slope."""
 _u = np.uint64  # array indices known >= 0: no negative-index wraparound code
 
 
@@ -467,17 +475,21 @@ def _peak(S, x, chb0):
 
 
 @njit(cache=True)
-def _best(code, S, M, x, n, Sw, Mw):
+def _best(code, S, M, x, n, Sw, Mw, held):
     """`best_order` in workspaces sized by `_workspace(Sw, Mw)`, the stage records filled.
     Returns (c, K, period): the winner is candidate c (`_offsets(Sw, Mw, c)`), K ops per
-    stage."""
+    stage. A `held` of S or more entries receives each stage's largest peak of micro-batches
+    held over every candidate order (an upper bound on the winner's whichever wins)."""
     fa0, ga0, chf0, chb0, t0, e0, kd0, mb0 = _offsets(Sw, Mw, 0)
     split = code >= 2
     K = 3 * M if split else 2 * M
     _fill_fixed(1 if split else code, S, M, split, n, kd0, mb0)
     _simulate(S, K, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0)
+    keep = held.shape[0] >= S
     for s in range(S):  # micro-batches held: all (gpipe), 1F1B's warm-up + 1
         x[_u(chb0 + S + s)] = M if code == 0 else min(S - s, M)
+        if keep:
+            held[s] = x[_u(chb0 + S + s)]
     best_t = _period(S, K, x, n, chf0, chb0, t0, e0, kd0)
     c = 0
     if not split:
@@ -495,6 +507,9 @@ def _best(code, S, M, x, n, Sw, Mw):
         o = 1 - c
         fa0, ga0, chf0, chb0, t0, e0, kd0, mb0 = _offsets(Sw, Mw, o)
         _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0)
+        if keep:
+            for s in range(S):
+                held[s] = max(held[s], x[_u(chb0 + S + s)])
         t2 = _period(S, K, x, n, chf0, chb0, t0, e0, kd0)
         if t2 < best_t:
             c = o
@@ -831,8 +846,16 @@ def pack_model(tf, tb, tw, bb, pp, pa, act, flops, capacity, bw, lat):
 
 
 @njit(cache=True)
+def _simulated(M, S, screen):
+    """Micro-batches `evaluate` simulates for a pipeline of M (its ``screen`` doc)."""
+    if screen and M >= SCREEN_FROM and _SCREEN_A >= 4 * S:
+        return _SCREEN_A + _SCREEN_D
+    return M
+
+
+@njit(cache=True)
 def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_code, period, memo_at, memo, out,
-             ws_x, ws_n):
+             ws_x, ws_n, screen=False):
     """Estimate a flattened plan (module docstring); the model's arrays as `pack_model`
     returns them. Writes into `out` (at least `out_size(P, NS)` floats) the scalars
     `SCALARS`, then pipe_out (P x 3: makespan_s, bubble_fraction, period_s), then
@@ -849,6 +872,14 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
 
     ``ws_x`` (float64) and ``ws_n`` (int64) are scratch workspaces (`workspace_size`);
     too short ones (even empty) are replaced by fresh ones.
+
+    ``screen``: an approximation for ranking many candidates at large batches. A pipeline
+    of `SCREEN_FROM` micro-batches or more is simulated at `_SCREEN_A` and `_SCREEN_A` +
+    `_SCREEN_D` micro-batches, and its stage ends and period are extrapolated linearly
+    from them (past the warm-up, every further micro-batch adds the steady state's cycle);
+    a stage's in-flight peak is its largest over the candidate orders of the larger run
+    (gpipe's: all M), so memory is never under-counted. Its records differ from exact
+    ones, so a caller memoizing them keeps the two apart.
     """
     tf = tables[0]
     tb = tables[1]
@@ -881,9 +912,11 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
     Mmax = 1
     for p in range(P):
         if memo_at[p] < 0:
-            Smax = max(Smax, pipe_ptr[p + 1] - pipe_ptr[p])
-            Mmax = max(Mmax, nmb[p])
+            S = pipe_ptr[p + 1] - pipe_ptr[p]
+            Smax = max(Smax, S)
+            Mmax = max(Mmax, _simulated(nmb[p], S, screen))
     nx, ni = _workspace(Smax, Mmax)
+    held = np.empty(Smax if screen else 0)
     x = ws_x  # the caller's workspaces, kept warm in cache across calls, if large enough
     if x.shape[0] < nx:
         x = np.empty(nx)
@@ -934,17 +967,31 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
                 stage_out[g0 + s, 4] = memo[o + 4 + 3 * s]
                 stage_out[g0 + s, 7] = memo[o + 5 + 3 * s]
         else:
-            c, K, per = _best(code, S, M, x, n, Smax, Mmax)
+            Ms = _simulated(M, S, screen)
+            per_a = 0.0
+            if Ms < M:  # screened: the first of the two runs the stage ends are extrapolated from
+                c, K, per_a = _best(code, S, _SCREEN_A, x, n, Smax, Mmax, held)
+                e0 = _offsets(Smax, Mmax, c)[5]
+                for s in range(S):
+                    stage_out[g0 + s, 3] = x[e0 + s * K + K - 1]
+            c, K, per = _best(code, S, Ms, x, n, Smax, Mmax, held)
             _, _, _, chb0, t0, e0, _, _ = _offsets(Smax, Mmax, c)
+            grow = (M - Ms) / _SCREEN_D
+            if Ms < M:
+                per += grow * (per - per_a)
             makespan = 0.0
             busy = 0.0
             for s in range(S):
                 r = s * _FR  # busy: the sum of its op durations (as `reference` computes it)
-                busy += M * (x[r + _F] + x[r + _B] + x[r + _W]) if K == 3 * M else M * (x[r + _F] + x[r + _BWF])
+                busy += M * (x[r + _F] + x[r + _B] + x[r + _W]) if code >= 2 else M * (x[r + _F] + x[r + _BWF])
                 row = s * K
                 last = x[e0 + row + K - 1]
+                if Ms < M:
+                    last += grow * (last - stage_out[g0 + s, 3])
                 stage_out[g0 + s, 3] = last
-                stage_out[g0 + s, 4] = x[chb0 + S + s]
+                # screened, the order that wins at M may not be the one that won at Ms: each
+                # stage's largest peak over the candidate orders, so memory is never under-counted
+                stage_out[g0 + s, 4] = x[chb0 + S + s] if Ms == M else M if code == 0 else held[s]
                 stage_out[g0 + s, 7] = x[t0 + row]
                 if last > makespan:
                     makespan = last

@@ -239,7 +239,7 @@ def best_order(code, M, f, b, w, bw, cfo, cfl, cbo, cbl):
     S = f.shape[0]
     M = int(M)
     x, n = _load(S, M, f, b, w, bw, cfo, cfl, cbo, cbl)
-    c, K, per = _best(int(code), S, M, x, n, S, M)
+    c, K, per = _best(int(code), S, M, x, n, S, M, np.empty(0))
     return (*_take(x, n, S, K, _offsets(S, M, c)), per)
 
 

@@ -82,6 +82,11 @@
    can beat two equal ones (2.8 % on a 24-device datacenter cluster with llama2-7b: 17 and
    7 stages, not 12 and 12).
 
+At batches that give a pipeline thousands of micro-batches, every step scores with the
+cost model's screening (`CostModel.screened`: timings extrapolated from about a thousand
+micro-batches, within 1e-4 of exact on the plans measured, memory exact), and the plan
+found is scored in full: 2-3x faster planning there.
+
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).
 """
@@ -173,7 +178,11 @@ class HeuristicPlanner:
         knobs when they differ from the probe's (a zero-bubble schedule, for one, makes
         longer pipelines over slower links worth it)."""
         with gc_paused():
-            return self._search(ev)
+            if not ev.model.screens:
+                return self._search(ev)
+            with ev.model.screened():
+                best = self._search(ev)
+            return ev.score_built(best.built, best.knobs, layout=best.layout, shares=best.shares)
 
     def _search(self, ev: Evaluator) -> Candidate:
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@ records, the unpacked `evaluate_plan`, and where the compiled code lives."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -138,3 +139,53 @@ def test_every_compiled_function_lives_in_the_kernel_module():
         for name, obj in vars(mod).items():
             if isinstance(obj, CPUDispatcher):
                 assert obj.py_func.__module__ == kernel.__name__, f"{mod.__name__}.{name}"
+
+
+def _long(plan: Plan, rng: random.Random) -> Plan:
+    """`plan` with thousands of micro-batches a pipeline (micro-batch 1: at most 65,536 in all)."""
+    pipes = tuple(dataclasses.replace(p, micro_batch_size=1, num_micro_batches=rng.randint(kernel.SCREEN_FROM, 9000))
+                  for p in plan.pipelines)
+    return dataclasses.replace(plan, pipelines=pipes)
+
+
+def test_screening_extrapolates_long_pipelines_closely_and_keeps_its_records_apart():
+    c, w = regional_cluster(), dataclasses.replace(toy_workload(8, boundary=3e6), global_batch=65536)
+    rng = random.Random(0)
+    cm = CostModel(c, w)
+    differs = same = 0
+    for _ in range(12):
+        plan = _long(random_plan(rng, c, 8), rng)
+        assert all(kernel._simulated(p.num_micro_batches, len(p.stages), True) < p.num_micro_batches
+                   for p in plan.pipelines)  # screening applies: these are extrapolated
+        exact = cm.estimate(plan)
+        with cm.screened():
+            assert cm.mode
+            screened = cm.estimate(plan)
+        assert not cm.screening
+        assert screened.iteration_s == pytest.approx(exact.iteration_s, rel=1e-3)
+        assert screened.pipeline_period_s == pytest.approx(exact.pipeline_period_s, rel=1e-3)
+        # memory never under-counted (the order that wins may differ; gpipe holds all M)
+        assert all(screened.peak_memory_gb[d] >= gb for d, gb in exact.peak_memory_gb.items())
+        same += screened.peak_memory_gb == exact.peak_memory_gb
+        assert screened.feasible == exact.feasible
+        differs += screened.iteration_s != exact.iteration_s
+        assert cm.estimate(plan) == exact  # the exact memo records were not overwritten by screened ones
+        assert CostModel(c, w).estimate(plan) == exact
+    assert differs  # so the memo check above bites
+    assert same >= 10
+
+
+def test_screening_changes_nothing_below_its_threshold():
+    small = CostModel(regional_cluster(), toy_workload(8))
+    with small.screened():
+        assert not small.screens and not small.mode  # the batch allows no pipeline to screen
+    c, w = regional_cluster(), dataclasses.replace(toy_workload(8, boundary=3e6), global_batch=65536)
+    rng = random.Random(1)
+    cm = CostModel(c, w)
+    for _ in range(8):
+        plan = random_plan(rng, c, 8)
+        pipes = tuple(dataclasses.replace(p, num_micro_batches=kernel.SCREEN_FROM - 1) for p in plan.pipelines[:1])
+        plan = dataclasses.replace(plan, pipelines=pipes)
+        exact = CostModel(c, w).estimate(plan)
+        with cm.screened():
+            assert cm.estimate(plan) == exact

@@ -11,6 +11,7 @@ from conftest import region_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spantrain.env import kernel
 from spantrain.env.costmodel import CostModel
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Evaluator, Knobs, round_shares
 from spantrain.env.partition import Partitioner
@@ -275,3 +276,26 @@ def test_a_deep_models_structure_search_ranks_on_coarse_partitions_and_returns_f
     for cand in top:  # what the refinement and tuning start from: full partitions, as the plan gets
         assert cand.built and all(starts == full.split(devs, m, M, cand.knobs.schedule)
                                   for devs, starts, m, M in cand.built)
+
+
+def test_a_search_at_a_large_batch_ranks_on_screened_scores_and_returns_an_exact_one(monkeypatch):
+    from spantrain.env import costmodel
+    from spantrain.policies.heuristic import HeuristicPlanner
+
+    real = costmodel._evaluate
+    screened: list[bool] = []
+
+    def evaluate(*args):
+        real(*args)
+        screened.append(args[-1])
+        if args[-1]:
+            args[14][0] *= 1.01  # a screening error (the iteration time): the plan's score must not keep it
+
+    monkeypatch.setattr(costmodel, "_evaluate", evaluate)
+    c, w = generate(8, 0, "cee"), Workload.from_preset("tiny-gpt", global_batch=65536)
+    ev = Evaluator(c, w)
+    assert ev.model.screens
+    best = HeuristicPlanner().best_candidate(ev)
+    assert any(screened) and not ev.model.screening
+    assert max(M for *_, M in best.built) >= kernel.SCREEN_FROM
+    assert best.time == CostModel(c, w).estimate(ev.to_plan(best)).iteration_s
