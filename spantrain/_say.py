@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["say"]
+__all__ = ["say", "stderr_reader_may_leave"]
 
 
 def say(line: str) -> None:
@@ -49,3 +51,48 @@ def _to_own_log(rank_dir: Path) -> bool:
         return Path(os.readlink(f"/proc/self/fd/{sys.stderr.fileno()}")).parent == rank_dir
     except (OSError, ValueError, AttributeError):  # no real descriptor (a test's capture), no /proc
         return False
+
+
+class _QuietOnceClosed:
+    """`sys.stderr` that goes quiet when its reader leaves (`2>&1 | less` quit, a `tee` that
+    died): a write then would raise BrokenPipeError out of a progress bar and end a long
+    command, unsaved, as if it had succeeded. From then on stderr goes to /dev/null."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def _silence(self) -> None:
+        # what is still buffered would fail again on the next flush and at exit: send it nowhere
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def stderr_reader_may_leave() -> Iterator[None]:
+    """Within: stderr's reader may leave without ending the command (`_QuietOnceClosed`)."""
+    before = sys.stderr
+    if before is None or isinstance(before, _QuietOnceClosed):
+        yield
+        return
+    sys.stderr = _QuietOnceClosed(before)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stderr, _QuietOnceClosed):  # unless the command replaced it itself
+            sys.stderr = before

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from spantrain._interrupt import INTERRUPTED, QUIET_INTERRUPT_ENV, command_starts
 from spantrain._say import say as _say
+from spantrain._say import stderr_reader_may_leave
 from spantrain.errors import SpantrainError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -94,6 +95,11 @@ def _path(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with stderr_reader_may_leave():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()  # imports every command's module
         args = parser.parse_args(argv)
@@ -114,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not os.environ.get(QUIET_INTERRUPT_ENV):
             _say(f"spantrain {args.command}: interrupted" + (f" {e}" if str(e) else ""))
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # stdout's reader left (`| head`): what it wanted it had
         return 0
     except MemoryError:  # a cluster and model at the limits can outgrow this machine's memory
         _say(f"spantrain {args.command}: error: ran out of memory: this cluster and model are too large to "

@@ -291,6 +291,25 @@ def test_tables_into_a_closed_pipe_exit_0_like_json(tmp_path):
     assert (result.returncode, result.stderr) == (0, "")
 
 
+def test_stderr_whose_reader_left_goes_quiet_instead_of_ending_the_command():
+    from spantrain._say import stderr_reader_may_leave
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = os.fdopen(write_end, "w", buffering=1)
+    real = sys.stderr
+    sys.stderr = stream
+    try:
+        with stderr_reader_may_leave():
+            for _ in range(3):  # a progress bar's refreshes, then the command's last line
+                print("train-policy: 12%|#", file=sys.stderr, flush=True)
+            guarded = sys.stderr
+        assert sys.stderr is stream and guarded is not stream
+    finally:
+        sys.stderr = real
+        stream.close()  # its buffer flushes into /dev/null now: no error
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "spantrain"
 
