@@ -25,7 +25,7 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["RESUME_FILE", "ResumeState", "RESUMABLE_CHANGES"]
+__all__ = ["RESUME_FILE", "ResumeState", "RESUMABLE_CHANGES", "run_file"]
 
 RESUME_FILE = "resume.pt"
 """The state's file name inside the run's output directory."""
@@ -36,6 +36,20 @@ RESUMABLE_CHANGES = frozenset({"timesteps", "eval_every", "workers", "track", "p
                                "resume", "out_dir", "init_policy"})
 """Settings a resumed run may change: how long it trains, how often it evaluates, and how
 it runs; every other one shapes what is learned and must stay as the run began."""
+
+
+def run_file(out: Path, recorded: str) -> Path:
+    """The file of a run in `out` that its state names (`ResumeState.best`'s policy): kept
+    relative to the run's directory, so the run resumes from any working directory and
+    after being moved. States written before named it as typed, relative to where that
+    run was started: those are looked up in `out` by their place under it."""
+    path = Path(recorded)
+    if path.is_absolute():
+        return path
+    for found in (out / path, out / path.parent.name / path.name, out / path.name):
+        if found.exists():
+            return found
+    return out / path
 
 
 @dataclass(kw_only=True)
@@ -57,7 +71,8 @@ class ResumeState:
     curve: list[dict[str, float]] = field(default_factory=list)
     """The held-out evaluations so far."""
     best: dict[str, Any] = field(default_factory=dict)
-    """The best evaluated policy so far: steps, geomean_ratio, policy (its file)."""
+    """The best evaluated policy so far: steps, geomean_ratio, policy (its file, relative to the run's
+    directory: `run_file`)."""
     imitation: list[dict[str, Any]] = field(default_factory=list)
     """The imitation rounds' summaries."""
     starts_s: float = 0.0

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from spantrain._interrupt import SignalsHeld
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, scenario_pool, scenario_workload
 from spantrain.errors import SpantrainError
 from spantrain.policies.train_config import TrainConfig
@@ -189,7 +190,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
 
     from spantrain.policies.extractor import MaskableGraphPolicy
     from spantrain.policies.ppo import load_policy, load_value_head, save_policy
-    from spantrain.policies.resume import ResumeState
+    from spantrain.policies.resume import ResumeState, run_file
     from spantrain.policies.starts import HeuristicStarts
     from spantrain.tracking import Tracker, wandb_mode
 
@@ -318,8 +319,10 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                     # a part run untracked keeps the run's id for the next part that is tracked
                     wandb_id=tracker.run_id or (resumed.wandb_id if resumed else None)).save(out)
 
-    def checkpoint(steps: int) -> None:
-        """Held-out evaluation, logged, and a policy file."""
+    def checkpoint(steps: int) -> dict[str, Any]:
+        """Held-out evaluation, logged, and a policy file; returns the evaluation."""
+        if _diverged(model.policy):  # the update before broke the weights: stop as PPO's next step would
+            raise RuntimeError("PPO diverged")
         net.eval()
         result = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
         net.train()
@@ -332,8 +335,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                            value=model.policy.value_net)
         tracker.log_artifact(path, name=POLICY_ARTIFACT, type="model", aliases=[f"step-{steps}"], metadata=point)
         if not best or point["geomean_ratio"] > best["geomean_ratio"]:
-            best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path))
+            best.update(steps=steps, geomean_ratio=point["geomean_ratio"], policy=str(path.relative_to(out)))
         save_state()
+        return result
 
     class Hooks(BaseCallback):
         """Progress bar, episode stats, periodic held-out evaluation and checkpoints."""
@@ -358,6 +362,15 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
             updating["now"] = False
             # milliseconds a rollout of seconds: a run killed outright loses one rollout at most
             save_state()
+            self.evaluate_if_due()
+
+        def evaluate_if_due(self) -> dict[str, Any] | None:
+            """A checkpoint once the weights have learned from `next_eval` steps: between updates,
+            so a checkpoint's steps are those its weights learned from."""
+            if learned["steps"] < self.next_eval:
+                return None
+            self.next_eval = (learned["steps"] // config.eval_every + 1) * config.eval_every
+            return checkpoint(learned["steps"])
 
         def _on_step(self) -> bool:
             self.bar.update(config.n_envs)
@@ -367,9 +380,6 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                     self.returns.append(float(self.running[k]))
                     self.gains.append(float(self.locals["infos"][k].get("improvement", 1.0)))
                     self.running[k] = 0.0
-            if self.num_timesteps >= self.next_eval:
-                self.next_eval += config.eval_every
-                self._evaluate()
             return True
 
         def _on_rollout_end(self) -> None:
@@ -380,9 +390,6 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                             step=self.num_timesteps)
                 self.bar.set_postfix(ret=f"{np.mean(self.returns):.3f}", gain=f"{np.mean(self.gains):.3f}")
                 self.returns, self.gains = [], []
-
-        def _evaluate(self) -> None:
-            checkpoint(self.num_timesteps)
 
         def close(self) -> None:
             if hasattr(self, "bar"):
@@ -408,6 +415,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
             started_from = imitation or init is not None or (resumed is not None and resumed.config.get("init_policy"))
             if started_from and model.num_timesteps == 0 and not any(p["steps"] == 0 for p in curve):
                 checkpoint(0)
+            due = None
             if config.timesteps > model.num_timesteps:
                 hooks = Hooks()
                 try:
@@ -417,13 +425,15 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                     hooks.close()
                 learned["steps"] = model.num_timesteps
                 updating["now"] = False
+                due = hooks.evaluate_if_due()  # the last update's checkpoint: no rollout starts after it
                 # SB3 dumps an update's losses with the next rollout's figures: the last update's are left,
                 # and one step on (the last rollout's step already holds the update before: W&B merged the two)
                 model.logger.dump(step=model.num_timesteps + 1)
             t_train = elapsed()
             phase = "final evaluation"
             net.eval()
-            final = evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
+            # the last update's checkpoint evaluated these very weights (a deterministic evaluation)
+            final = due or evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)
             phase = "saving the policies"
             # PPO runs whole rollouts, so it may pass config.timesteps: the steps it ran name the
             # final policy (as they name the checkpoints)
@@ -433,14 +443,17 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
             policy_path = save_policy(net, out / "ppo-policy.pt", env=env_settings, meta=meta,
                                       value=model.policy.value_net)
             if not best or final["geomean_ratio"] >= best["geomean_ratio"]:
-                best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"], policy=str(policy_path))
+                best.update(steps=model.num_timesteps, geomean_ratio=final["geomean_ratio"],
+                            policy=str(policy_path.relative_to(out)))
             # the chosen weights with the whole run's metadata (a checkpoint's file has only its point)
-            chosen, _, _ = load_policy(best["policy"])
-            best["policy"] = str(save_policy(chosen, out / "best-policy.pt", env=env_settings,
-                                             meta={**meta, "selected_steps": best["steps"]},
-                                             value=load_value_head(best["policy"])))
+            chosen_path = run_file(out, best["policy"])
+            chosen, _, _ = load_policy(chosen_path)
+            best_path = save_policy(chosen, out / "best-policy.pt", env=env_settings,
+                                    meta={**meta, "selected_steps": best["steps"]}, value=load_value_head(chosen_path))
+            best["policy"] = best_path.name
             rows_path = _write_rows(out / "final_eval.csv", final["rows"])
-            summary = {"policy": str(policy_path), "best": best, "train_s": t_train, "starts_s": t_starts,
+            summary = {"policy": str(policy_path), "best": {**best, "policy": str(best_path)}, "train_s": t_train,
+                       "starts_s": t_starts,
                        "curve": curve, "imitation": imitation, "final": meta["final_eval"],
                        "final_rows": str(rows_path), "wandb": wandb_run}
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -450,48 +463,50 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                 # the weights where the run was stopped, now older than every policy beside them
                 stale.unlink()
                 print(f"train-policy: removed {stale} (the weights where this run was stopped; its policies are now "
-                      f"{policy_path.name} and {Path(best['policy']).name})", file=sys.stderr)
+                      f"{policy_path.name} and {best_path.name})", file=sys.stderr)
     except (ValueError, RuntimeError):
         # PPO diverged: NaN weights fail the next forward pass (torch's distribution or sampling)
         if phase == "imitation" or not _diverged(model.policy):
             raise
         tracker.summary({"diverged_steps": learned["steps"]})
         tracker.finish(exit_code=1)  # failed: the command ends in an error
-        kept = (f"the best policy so far is {best['policy']} (start from it with TrainConfig.init_policy in another "
-                f"TrainConfig.out_dir)" if best else "no evaluated policy was kept")
+        kept = (f"the best policy so far is {run_file(out, best['policy'])} (start from it with "
+                f"TrainConfig.init_policy in another TrainConfig.out_dir)" if best else "no evaluated policy was kept")
         raise SpantrainError(f"PPO diverged after step {learned['steps']:,} (its weights became NaN) with "
                              f"TrainConfig.learning_rate {config.learning_rate}: pass a smaller one; {kept}") from None
     except KeyboardInterrupt as stop:
-        # keep what was learned: the weights as they are, with how far the run got
-        steps = model.num_timesteps
-        resumable = phase != "imitation"
-        if phase == "imitation":
-            imitation = [asdict(s) for s in rounds_done]
-            if not rounds_done:  # the weights are the random ones: a policy PPO learns to stop from at once
-                tracker.summary({"interrupted": phase, "interrupted_steps": 0})
-                tracker.finish()
-                raise TrainingInterrupted(
-                    f"{_by(stop)}during imitation round 1 of {config.imitation_rounds}, before it learned anything: "
-                    f"nothing to keep; the same command starts again (the heuristic starts stay cached in "
-                    f"{starts.cache_dir})", None, {"phase": phase, "steps": 0, "resumable": False,
-                                                   "out_dir": str(out)}) from None
-            tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
-        if resumable and not updating["now"]:  # else the state saved at the rollout's start stands
-            save_state()
-        if phase == "ppo":  # the last update's losses wait for the next rollout's dump, which will not come
-            with contextlib.suppress(Exception):
-                model.logger.dump(step=steps + 1)
-        path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
-                           meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,
-                                 "config": asdict(config)})
-        tracker.summary({"interrupted": phase, "interrupted_steps": steps})
-        tracker.finish()
-        where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
-        how = (f"continue the run with --resume --out-dir {out}" if resumable else
-               f"start from them with --init-policy {path} and another --out-dir")
-        report = {"phase": phase, "steps": steps, "resumable": resumable, "out_dir": str(out)}
-        raise TrainingInterrupted(f"{_by(stop)}during {where}; the weights so far are in {path} ({how})", path,
-                                  report) from None
+        # a second Ctrl-C (or SIGTERM) would cut this saving, and W&B's ending, in half: held and dropped
+        with SignalsHeld(deliver=False):
+            # keep what was learned: the weights as they are, with how far the run got
+            steps = model.num_timesteps
+            resumable = phase != "imitation"
+            if phase == "imitation":
+                imitation = [asdict(s) for s in rounds_done]
+                if not rounds_done:  # the weights are the random ones: a policy PPO learns to stop from at once
+                    tracker.summary({"interrupted": phase, "interrupted_steps": 0})
+                    tracker.finish()
+                    raise TrainingInterrupted(
+                        f"{_by(stop)}during imitation round 1 of {config.imitation_rounds}, before it learned "
+                        f"anything: nothing to keep; the same command starts again (the heuristic starts stay cached "
+                        f"in {starts.cache_dir})", None, {"phase": phase, "steps": 0, "resumable": False,
+                                                          "out_dir": str(out)}) from None
+                tracker.log({"imitation/" + k: v for k, v in imitation[-1].items()}, step=0)
+            if resumable and not updating["now"]:  # else the state saved at the rollout's start stands
+                save_state()
+            if phase == "ppo":  # the last update's losses wait for the next rollout's dump, which will not come
+                with contextlib.suppress(Exception):
+                    model.logger.dump(step=steps + 1)
+            path = save_policy(net, out / "interrupted-policy.pt", env=env_settings, value=model.policy.value_net,
+                               meta={"interrupted": phase, "steps": steps, "curve": curve, "imitation": imitation,
+                                     "config": asdict(config)})
+            tracker.summary({"interrupted": phase, "interrupted_steps": steps})
+            tracker.finish()
+            where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
+            how = (f"continue the run with --resume --out-dir {out}" if resumable else
+                   f"start from them with --init-policy {path} and another --out-dir")
+            report = {"phase": phase, "steps": steps, "resumable": resumable, "out_dir": str(out)}
+            raise TrainingInterrupted(f"{_by(stop)}during {where}; the weights so far are in {path} ({how})", path,
+                                      report) from None
     # the policies and summary.json are written: Ctrl-C from here (the plot, W&B's last
     # uploads) loses only those, and says so
     try:
@@ -500,7 +515,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         # copied: a resumed part rewrites both files, and its first part's versions must keep theirs
         tracker.log_artifact(policy_path, name=POLICY_ARTIFACT, type="model",
                              aliases=["final"], metadata=meta["final_eval"], copy=True)
-        tracker.log_artifact(best["policy"], name=POLICY_ARTIFACT, type="model", aliases=["best"],
+        tracker.log_artifact(best_path, name=POLICY_ARTIFACT, type="model", aliases=["best"],
                              metadata={"selected_steps": best["steps"], "geomean_ratio": best["geomean_ratio"]},
                              copy=True)
         plot = _plot_curve(curve, out / "sample_efficiency.png")
@@ -510,8 +525,8 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         tracker.finish()
     except KeyboardInterrupt as stop:
         raise TrainingInterrupted(f"{_by(stop)}after training, while finishing its plot and W&B run; the best policy "
-                                  f"is in {best['policy']}, the summary in {out / 'summary.json'}",
-                                  Path(best["policy"]), {"phase": "finishing", "summary": summary}) from None
+                                  f"is in {best_path}, the summary in {out / 'summary.json'}",
+                                  best_path, {"phase": "finishing", "summary": summary}) from None
     return summary
 
 

@@ -22,7 +22,12 @@ def run() -> int:
         from spantrain.cli import main
 
         code = main()
-        if signal.getsignal(signal.SIGINT) is _interrupt.quit_on_ctrl_c:
+        if code == _interrupt.INTERRUPTED:
+            # the command stopped and saved; the process ends: another Ctrl-C would only cut its
+            # exit (W&B's and torch's atexit teardown) into tracebacks and lost records. Held and
+            # dropped (the same signal again, 10 s on, still ends it)
+            _interrupt.SignalsHeld(deliver=False).__enter__()
+        elif signal.getsignal(signal.SIGINT) is _interrupt.quit_on_ctrl_c:
             # a command that keeps nothing is done and said all: a Ctrl-C while the interpreter
             # shuts down (which restores the default handler) ended it with 130 and no word
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -102,8 +102,14 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
                                 eval_every=48, hidden=16, layers=1, track=True, progress=False, workers=1,
                                 imitation_episodes=2, imitation_rounds=2, imitation_epochs=1, start_kicks=2,
                                 out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache")))
-    # imitation first (evaluated as step 0), then PPO's two evaluations
-    assert (tmp_path / "run" / "ppo-policy.pt").exists() and [p["steps"] for p in summary["curve"]] == [0, 48, 96]
+    # imitation first (evaluated as step 0), then PPO's evaluation once its update has learned from
+    # 48 steps or more: after the rollout of 96 (mid-rollout, the weights are still step 0's)
+    assert (tmp_path / "run" / "ppo-policy.pt").exists() and [p["steps"] for p in summary["curve"]] == [0, 96]
+    ckpt = tmp_path / "run" / "checkpoints"
+    weights = {name: load_policy(path)[0].state_dict() for name, path in
+               [("0", ckpt / "policy-0.pt"), ("96", ckpt / "policy-96.pt"), ("final", summary["policy"])]}
+    assert all(torch.equal(v, weights["final"][k]) for k, v in weights["96"].items())
+    assert not all(torch.equal(v, weights["0"][k]) for k, v in weights["96"].items())
     assert len(summary["imitation"]) == 2 and summary["imitation"][1]["samples"] > summary["imitation"][0]["samples"]
     assert summary["final"]["cases"] == 4  # two held-out scenarios, planned and adapted
     # best-policy.pt is the evaluated policy with the best held-out geomean (the final on a tie)
@@ -125,7 +131,7 @@ def test_tiny_training_run_writes_a_policy_that_plans(tmp_path, monkeypatch, cap
     assert [type(v) for v in row[:5]] == [str, int, int, str, int], row
     # every policy file is a version of one W&B model artifact: the checkpoints, the final, the best
     # (those two copied: a resumed part rewrites their files)
-    assert versions == [(f"policy-{s}.pt", [f"step-{s}"], False) for s in (0, 48, 96)] + [
+    assert versions == [(f"policy-{s}.pt", [f"step-{s}"], False) for s in (0, 96)] + [
         ("ppo-policy.pt", ["final"], True), ("best-policy.pt", ["best"], True)]
     assert (tmp_path / "run" / "final_eval.csv").read_text().count("\n") == 1 + summary["final"]["cases"]
     # wandb is silenced, so training says where its run is: at the start, and in the summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -107,12 +108,16 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
     real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
     calls = {"rollouts": 0, "steps": 0}
 
+    training_envs: set[int] = set()
+
     def count_rollouts(self, *args, **kwargs):
         calls["rollouts"] += 1
+        training_envs.update(id(e.unwrapped) for e in self.env.envs)
         return real_collect(self, *args, **kwargs)
 
     def ctrl_c_in_the_second_rollout(self, action):
-        if calls["rollouts"] == 2:
+        # PPO's steps, not the held-out evaluation's (at the rollout's start, of step 48's weights)
+        if calls["rollouts"] == 2 and id(self) in training_envs:
             calls["steps"] += 1
             if calls["steps"] == 20:  # the 10th of 2 environments: after PPO step 66
                 raise KeyboardInterrupt
@@ -225,6 +230,38 @@ def test_a_part_resumed_untracked_keeps_the_w_and_b_run_for_the_next(run_cli, tm
     assert code == 0 and f"W&B run {first_id}" in err, err
 
 
+@pytest.mark.parametrize("recorded", ["as this version writes it", "as typed where the run began"])
+def test_a_run_resumes_from_another_directory_and_after_being_moved(run_cli, tmp_path, monkeypatch, recorded):
+    from spantrain.policies.ppo import load_policy
+
+    began = tmp_path / "began"
+    began.mkdir()
+    monkeypatch.chdir(began)
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", "run", "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 0, err
+    state = ResumeState.from_dir(began / "run")
+    assert state.best["policy"] == "best-policy.pt"  # relative to the run's directory
+    # its best stays the step-48 checkpoint (as a run's best often is an earlier one): the final
+    # steps load it by the name the state gives
+    typed = {"as this version writes it": "checkpoints/policy-48.pt",
+             "as typed where the run began": "run/checkpoints/policy-48.pt"}[recorded]
+    dataclasses.replace(state, best={"steps": 48, "geomean_ratio": 99.0, "policy": typed}).save(began / "run")
+    moved = tmp_path / "moved" / "run"
+    moved.parent.mkdir()
+    (began / "run").rename(moved)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", moved, "--timesteps", "96")
+    assert code == 0, err
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["best"] == {"steps": 48, "geomean_ratio": 99.0, "policy": str(moved / "best-policy.pt")}
+    chosen, _, _ = load_policy(moved / "best-policy.pt")
+    kept, _, _ = load_policy(moved / "checkpoints" / "policy-48.pt")
+    assert all(torch.equal(v, kept.state_dict()[k]) for k, v in chosen.state_dict().items())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
@@ -249,6 +286,51 @@ def test_sigterm_and_sighup_stop_training_as_ctrl_c_does(tmp_path, signum):
     assert "Traceback" not in err and f"--resume --out-dir {run}" in err, err
     state = ResumeState.from_dir(run)
     assert not state.finished and state.num_timesteps % 48 == 0 and state.n_updates == state.num_timesteps // 48
+
+
+def test_a_second_ctrl_c_while_the_first_is_saved_is_dropped(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies import ppo
+
+    real_step, real_save = PlanEnv.step, ppo.save_policy
+    steps = {"n": 0}
+
+    def ctrl_c_in_the_first_rollout(self, action):
+        steps["n"] += 1
+        if steps["n"] == 60:  # in the second rollout: after the first update
+            raise KeyboardInterrupt
+        return real_step(self, action)
+
+    def save_with_ctrl_c_again(net, path, **kwargs):
+        if path.name == "interrupted-policy.pt":
+            signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C again while it saves
+        return real_save(net, path, **kwargs)
+
+    monkeypatch.setattr(PlanEnv, "step", ctrl_c_in_the_first_rollout)
+    monkeypatch.setattr(ppo, "save_policy", save_with_ctrl_c_again)
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir", tmp_path / "cache",
+                           "--no-track", *TINY)
+    assert code == 130 and err.strip().splitlines()[-1].startswith(
+        "spantrain train-policy: interrupted during PPO step "), err
+    assert (run / "interrupted-policy.pt").exists() and ResumeState.from_dir(run).num_timesteps == 48
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_training_whose_stderr_reader_left_runs_to_its_end(tmp_path):
+    """`train-policy ... 2>&1 | less`, quit: the progress bar's next write met a closed pipe, and
+    the command ended there, unsaved, with exit code 0."""
+    run = tmp_path / "run"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first line
+    try:
+        result = subprocess.run([sys.executable, "-m", "spantrain", "train-policy", "--timesteps", "96",
+                                 "--out-dir", str(run), "--cache-dir", str(tmp_path / "cache"), "--no-track",
+                                 *[a for a in TINY if a != "--no-progress"]],
+                                stdout=subprocess.PIPE, stderr=write_end, text=True, preexec_fn=_default_signals)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0
+    assert ResumeState.from_dir(run).finished and json.loads((run / "summary.json").read_text())["curve"]
 
 
 def _default_signals() -> None:
@@ -344,8 +426,7 @@ def test_ppo_that_diverges_stops_in_one_line_keeping_the_last_finite_state(run_c
     assert code == 2 and out == "" and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == (
         "spantrain train-policy: error: PPO diverged after step 48 (its weights became NaN) with --learning-rate "
-        f"0.0001: pass a smaller one; the best policy so far is {run / 'checkpoints' / 'policy-48.pt'} (start from "
-        "it with --init-policy in another --out-dir)"), err
+        "0.0001: pass a smaller one; no evaluated policy was kept"), err  # step 48's evaluation found them NaN
     # W&B marks the run failed, as the command is (it said exit code 0)
     (log,) = (run / "wandb" / "wandb").glob("offline-run-*/logs/debug.log")
     assert "got exitcode: 1" in log.read_text()
