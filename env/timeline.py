@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spantrain._figures import glyphs_may_be_missing
 from spantrain.env.reference import Trace
 
 __all__ = ["COLORS", "MAX_ROWS", "draw_timeline", "rows_to_draw"]
@@ -112,6 +113,7 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "", max_rows: int = 
         sx.set_title("data-parallel sync (| = gradients ready)" +
                      (f", first 24 of {n_sync}" if n_sync > 24 else ""), fontsize=9)
     axes[-1][0].set_xlabel("seconds")
-    fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
-    fig.savefig(path, dpi=110)
+    with glyphs_may_be_missing():
+        fig.tight_layout(rect=(0, 0.6 / height, 1, 1))
+        fig.savefig(path, dpi=110)
     plt.close(fig)

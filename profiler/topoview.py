@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spantrain._figures import glyphs_may_be_missing
 from spantrain._spec import plural, readable
 from spantrain.cluster import Cluster
 from spantrain.profiler.regionstats import RegionStats, region_stats, strongest_pairs
@@ -280,9 +281,10 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         ax.set_ylabel("latitude")
     else:
         ax.axis("off")
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with glyphs_may_be_missing():
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -7,6 +7,7 @@ a refusal; 1: a run that failed on its own); anything else is a bug and keeps it
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -87,6 +88,10 @@ def _refuse_empty_paths(parser: argparse.ArgumentParser) -> None:
 _PATH_METAVARS = {"FILE", "DIR", "PATH", "PNG"}
 
 
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+"""Write errors without a file name that mean the output could not be stored: stdout's."""
+
+
 def _path(text: str) -> str:
     """A path option's value: `-o ""` (an unset shell variable) wrote nothing and said nothing."""
     if not text.strip():
@@ -100,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    if sys.stdout is None:  # `spantrain ... >&-`: every result would fail to print, after the work
+        _say("spantrain: error: stdout is closed; redirect it to a file or to /dev/null instead")
+        return 2
     try:
         parser = build_parser()  # imports every command's module
         args = parser.parse_args(argv)
@@ -127,6 +135,9 @@ def _main(argv: Sequence[str] | None) -> int:
              f"{args.command} on this machine; use fewer devices or layers, or a machine with more memory")
         return 2
     except OSError as e:
+        if e.filename is None and e.errno in _OUTPUT_ERRNOS:  # stdout into a full disk (`> /dev/full`)
+            _say(f"spantrain {args.command}: error: could not write the output: {e.strerror or e}")
+            return 1
         if e.filename is None:
             raise
         # a path the user gave cannot be read or written (-o into a missing directory, an

@@ -143,13 +143,15 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
             raise SpantrainError(f"{flag} {p}: {e.strerror}") from None
 
 
-def check_output_file(path: str, option: str, fix: str = "give a file name") -> None:
+def check_output_file(path: str, option: str, fix: str = "give a file name", *,
+                      reads: dict[str, str | None] | None = None) -> None:
     """An output file option, refused in one line (`SpantrainError`) before any work when it
     cannot be written as given: a directory, a parent directory that does not exist (it is not
-    created) or is not one, or one this user cannot create a file in (read-only, /proc). An
-    existing device or pipe (``-o /dev/null``) passes: it is written into as it is. Checked
-    after the work, a plan minutes in the making was lost to a late "No such file or
-    directory"."""
+    created) or is not one, or one this user cannot create a file in (read-only, /proc), or a
+    file the command reads (`reads`: option -> path; ``plan -c C.yaml -o C.yaml`` replaced the
+    cluster spec with the plan). An existing device or pipe (``-o /dev/null``) passes: it is
+    written into as it is. Checked after the work, a plan minutes in the making was lost to a
+    late "No such file or directory"."""
     from spantrain._spec import cannot_write_in
     from spantrain.errors import SpantrainError
 
@@ -158,6 +160,9 @@ def check_output_file(path: str, option: str, fix: str = "give a file name") -> 
         raise SpantrainError(f"{option} {path}: is a directory; {fix}")
     if p.exists() and not p.is_file():
         return  # a device or a pipe: written into as it is
+    for source, read in (reads or {}).items():
+        if read and p.is_file() and Path(read).is_file() and p.samefile(read):
+            raise SpantrainError(f"{option} {path}: is the file {source} reads; write the output to another file")
     if not p.parent.is_dir():
         what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
         raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")

@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     if args.remaining_steps is not None and not args.running:
         raise PlannerError("--remaining-steps needs --from RUNNING_PLAN")
     if args.output:
-        check_output_file(args.output, "-o")
+        check_output_file(args.output, "-o", reads={"--cluster": args.cluster, "--model": args.model,
+                                                    "--from": args.running, "--policy": args.policy,
+                                                    "--calibration": args.calibration})
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     calibration = load_calibration(args.calibration)

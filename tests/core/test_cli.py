@@ -291,6 +291,33 @@ def test_tables_into_a_closed_pipe_exit_0_like_json(tmp_path):
     assert (result.returncode, result.stderr) == (0, "")
 
 
+@pytest.mark.parametrize("stdout", ["a full disk", "closed"])
+def test_stdout_that_cannot_be_written_is_a_one_line_error(stdout):
+    # was a traceback: "OSError: [Errno 28] No space left on device" from print_json, or with
+    # stdout closed "AttributeError: 'NoneType' object has no attribute 'write'"
+    cmd = [sys.executable, "-m", "spantrain", "plan", "-c", str(ROOT / "examples" / "cee-demo.yaml"), "-m",
+           "tiny-gpt", "--planner", "ddp", "--json"]
+    if stdout == "closed":
+        result = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, close_fds=True,
+                                preexec_fn=lambda: os.close(1))
+        want = (2, "spantrain: error: stdout is closed; redirect it to a file or to /dev/null instead\n")
+    else:
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True)
+        want = (1, "spantrain plan: error: could not write the output: No space left on device\n")
+    assert (result.returncode, result.stderr) == want
+
+
+def test_plan_refuses_to_write_over_a_file_it_reads(run_cli, tmp_path):
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text((ROOT / "examples" / "cee-demo.yaml").read_text())
+    before = spec.read_text()
+    code, _, err = run_cli("plan", "-c", spec, "-m", "tiny-gpt", "--planner", "ddp", "-o", tmp_path / "." / spec.name)
+    assert code == 2 and err == (f"spantrain plan: error: -o {tmp_path / '.' / spec.name}: is the file --cluster "
+                                 "reads; write the output to another file\n")
+    assert spec.read_text() == before
+
+
 def test_stderr_whose_reader_left_goes_quiet_instead_of_ending_the_command():
     from spantrain._say import stderr_reader_may_leave
 

@@ -104,3 +104,27 @@ def test_strongest_pairs_keep_each_regions_fastest_link():
     assert np.all(np.diff(bw[pairs[:, 0], pairs[:, 1]]) >= 0)  # slowest first: the fastest drawn on top
     top = strongest_pairs(bw, lat, per_region=1, limit=5)
     assert len(top) == 5 and set(map(tuple, top.tolist())) <= want
+
+
+def test_names_without_glyphs_in_the_font_draw_without_warnings(run_cli, tmp_path):
+    import warnings
+
+    import yaml
+
+    spec = {"name": "クラスタ🚀", "devices": [{"id": "云-🚀", "count": 2, "region": "東京", "tflops": 10,
+                                                 "memory_gb": 16}],
+            "network": {"regions": {"東京": {"gbps": 10, "latency_ms": 1}}}}
+    path = tmp_path / "uni.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True), encoding="utf-8")
+    plan = tmp_path / "plan.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run_cli("topo", "show", path, "--plot", tmp_path / "topo.png")
+        assert code == 0, err
+        code, _, err = run_cli("plan", "-c", path, "-m", "tiny-gpt", "--planner", "ddp", "-o", plan)
+        assert code == 0, err
+        code, _, err = run_cli("simulate", "-c", path, "-m", "tiny-gpt", "--plan", plan, "--timeline",
+                               tmp_path / "t.png")
+        assert code == 0, err
+    assert (tmp_path / "topo.png").exists() and (tmp_path / "t.png").exists()
+    assert not [w for w in caught if "missing from font" in str(w.message)]
