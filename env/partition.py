@@ -423,6 +423,18 @@ class Partitioner:
             self._infl[key] = hit
         return hit
 
+    def memory_floor(self, S: int) -> float:
+        """Least possible bytes of the fullest stage when the model is cut into S stages (at
+        most its layers) at micro-batch 1 under 1F1B (its in-flight counts): the memory DP of
+        `memory_ratio` over every layer boundary (coarse positions could overstate it), for
+        the devices alike with one byte each."""
+        S = max(1, min(S, self.num_layers))
+        view = self._at(np.arange(self.num_layers + 1))
+        infl = self.in_flight("1f1b", S, 1 << 30)
+        P, bb, pp, pa = view
+        return float(_memory_ratio(np.zeros(S, dtype=np.int64), P, bb, pp, pa, self._big, np.ones(1),
+                                   self.model.calib, infl, 1.0)[0])
+
     def split(self, devices: tuple[int, ...], m: int, M: int, schedule: str,
               check_memory: bool = True) -> tuple[int, ...] | None:
         """First layer of each stage for `devices` in pipeline order, or None when no

@@ -6,6 +6,7 @@ import numpy as np
 
 from spantrain.env.calibration import C_RESERVED, C_STATE
 from spantrain.env.costmodel import CostModel
+from spantrain.env.partition import Partitioner
 from spantrain.errors import PlannerError
 from spantrain.estimate import fmt_memory
 
@@ -15,22 +16,9 @@ __all__ = ["memory_floor", "fits_nowhere", "no_fit_error"]
 def memory_floor(model: CostModel, num_stages: int) -> float:
     """Least possible peak bytes of the fullest stage when the model is cut into
     `num_stages` stages at micro-batch 1 under 1F1B (its in-flight counts), by a min-max
-    DP over layer ranges: no plan with that many stages needs less on every device."""
-    L = model.num_layers
-    S = max(1, min(num_stages, L))
-    V = np.full((S + 1, L + 1), np.inf)
-    V[0, 0] = 0.0
-    for s in range(1, S + 1):
-        held = CostModel.in_flight("1f1b", s - 1, S, 1 << 30)
-        for b in range(s, L - (S - s) + 1):
-            best = np.inf
-            for a in range(s - 1, b):
-                if V[s - 1, a] == np.inf:
-                    continue
-                v = max(V[s - 1, a], model.stage_memory(a, b, 1, held))
-                best = min(best, v)
-            V[s, b] = best
-    return float(V[S, L])
+    DP over layer ranges (`Partitioner.memory_floor`): no plan with that many stages needs
+    less on every device."""
+    return Partitioner(model).memory_floor(num_stages)
 
 
 def fits_nowhere(model: CostModel) -> bool:

@@ -81,6 +81,26 @@ def test_partition_says_none_when_nothing_fits():
     assert memory_floor(model, 2) > 12e9
 
 
+def _memory_floor_by_definition(model: CostModel, S: int) -> float:
+    """The min-max over every cut of the fullest stage's `CostModel.stage_memory`, plainly."""
+    L = model.num_layers
+    V = np.full((S + 1, L + 1), np.inf)
+    V[0, 0] = 0.0
+    for s in range(1, S + 1):
+        held = CostModel.in_flight("1f1b", s - 1, S, 1 << 30)
+        for b in range(s, L - (S - s) + 1):
+            V[s, b] = min((max(V[s - 1, a], model.stage_memory(a, b, 1, held)) for a in range(s - 1, b)),
+                          default=np.inf)
+    return float(V[S, L])
+
+
+@pytest.mark.parametrize("preset", ["tiny-gpt", "gpt2-small", "bert-large"])
+def test_memory_floor_is_the_min_max_over_every_cut(preset):
+    model = CostModel(generate(4, 0, "cee"), Workload.from_preset(preset))
+    for S in (1, 2, 3, 5, model.num_layers):
+        assert memory_floor(model, S) == pytest.approx(_memory_floor_by_definition(model, S), rel=1e-12)
+
+
 def test_min_bottleneck_is_a_lower_bound_on_the_simulated_time():
     cluster = generate(12, 3, "cee")
     workload = Workload.from_preset("gpt2-medium")
