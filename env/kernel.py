@@ -32,7 +32,8 @@ What the kernel computes, in order:
    iteration only once the collectives of its layers have ended, so the pace is set by
    max over stages of (last collective end - first op start); exposed sync is how much
    that exceeds the slowest pipeline. For local SGD the parameter average follows the
-   step: its whole time divided by the period is exposed.
+   step, and that iteration cannot overlap the next (it lasts the slowest makespan, not the
+   period): the average's whole time and that difference, divided by the period, are exposed.
 
 With ``Calibration.sync_overlap`` false (spantrain's runtime: every rank runs its whole
 schedule, then its collectives, then its optimizer step, and all ranks meet at the end
@@ -1082,7 +1083,13 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
             if c > it_max:
                 it_max = c
         if sync_code == 2:
-            exposed = sync_alone / period
+            # the averaging follows the step: that iteration cannot overlap the next one, so it
+            # lasts the slowest pipeline's makespan (ZB-H2's exceeds its period), once per period
+            drain = 0.0
+            for p in range(P if P > 1 else 0):  # one pipeline has nothing to average
+                if pipe_out[p, 0] - pipe_max > drain:
+                    drain = pipe_out[p, 0] - pipe_max
+            exposed = (sync_alone + drain) / period
         else:
             exposed = cycle - pipe_max
         it = pipe_max + exposed + opt_max + it_max

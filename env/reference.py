@@ -526,7 +526,9 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
             out.collectives = [Collective(c.layers, c.devices, c.nbytes, c.ready, st, en) for c, st, en in placed]
     if overlap:
         if mode == "local-sgd":
-            exposed = alone / period
+            # the averaging iteration cannot overlap the next: it lasts the slowest makespan
+            drain = max(0.0, max(makespans) - pipe_max) if len(plan.pipelines) > 1 else 0.0
+            exposed = (alone + drain) / period
         else:
             exposed = max([pipe_max] + [done[d] - starts[d] for d in done]) - pipe_max
         it = pipe_max + exposed + opt_max + max(tail.values())
