@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from spantrain.cli import OneLineParser
 from spantrain.experiments._args import bad_input
 
 __all__ = ["CLUSTER_FILE", "pipeline_plan", "main"]
@@ -110,7 +111,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=30, help="iterations in all (30)")
     ap.add_argument("--change-at", type=int, default=5, help="change the link after this iteration (5)")

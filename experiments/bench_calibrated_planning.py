@@ -13,11 +13,11 @@ Usage: python experiments/bench_calibrated_planning.py [--json] [--calibration F
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
+from spantrain.cli import OneLineParser
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.env.costmodel import estimate
@@ -52,7 +52,7 @@ def compare_case(cluster: Cluster, workload: Workload, calibration: Calibration)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibration", type=Path, default=EMULATED_CPU, help="calibration profile (YAML/JSON)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)

@@ -26,7 +26,6 @@ Usage: python experiments/bench_costmodel.py [--json] [--repeats 7] [--seconds 0
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -99,7 +98,9 @@ def compile_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from spantrain.cli import OneLineParser
+
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeats", type=int, default=7, help="timing repeats; figures are their median (default 7)")
     ap.add_argument("--seconds", type=float, default=0.5, help="seconds one timing repeat lasts (0.5)")

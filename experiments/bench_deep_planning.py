@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from spantrain.cli import OneLineParser
+
 __all__ = ["plan_once", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +66,7 @@ def _in_child(cluster_name: str, layers: int, exact: bool, timeout_s: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[1024, 2048, 4096],
                     help="model depths, embedding and head included (3-4096)")
     ap.add_argument("--exact-up-to", type=int, default=1024,

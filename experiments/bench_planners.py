@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spantrain.cli import OneLineParser
 from spantrain.cli._common import check_dir_option
 from spantrain.errors import SpantrainError
 from spantrain.experiments._args import bad_input
@@ -492,7 +493,7 @@ def load_saved(path: str) -> tuple[SuiteSpec, dict[str, Any], dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object (the summary) on stdout")
     ap.add_argument("--quick", action="store_true", help="a few small cases (smoke test)")
     ap.add_argument("--out", metavar="DIR", help="where to write results (default experiments/results; "

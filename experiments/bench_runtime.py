@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from spantrain.cli import OneLineParser
 from spantrain.experiments._args import bad_input
 from spantrain.runtime.config import MAX_THREADS
 
@@ -115,7 +116,7 @@ def _setup(args: argparse.Namespace) -> tuple[str, Any, dict[str, dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the configurations round-robin and print their step times."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=12, help="iterations per configuration and repeat (12)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds over the configurations (3)")

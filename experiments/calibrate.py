@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spantrain.cli import OneLineParser
 from spantrain.experiments._args import bad_input
 from spantrain.experiments.calibrate_report import (
     cluster_summary,
@@ -370,7 +371,7 @@ def evaluate(measured: dict[str, Any], calibration, with_default: bool = True) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument("--quick", action="store_true", help="the suite's smoke subset (one cluster, two plans)")
     ap.add_argument("--suite", type=Path, default=SUITE, help="suite file (default examples/calibration/suite.yaml)")

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spantrain.cli import OneLineParser
 from spantrain.cli._common import check_dir_option
 from spantrain.env.evaluator import Evaluator
 from spantrain.env.plan_env import (
@@ -417,7 +418,7 @@ def _check_inputs(args: argparse.Namespace, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", help="policy file (default: the shipped policy)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--quick", action="store_true", help="a few cases only (smoke test)")

@@ -74,11 +74,27 @@ def _worker_signals() -> None:
 
 
 def _cached(path: Path) -> tuple[bool, dict | None]:
-    """(found, start) of a cache file; an unreadable one counts as missing."""
+    """(found, start) of a cache file; an unreadable one, or one not holding a start (JSON of
+    another shape: a hand edit, another tool's file), counts as missing."""
     try:
-        return True, json.loads(path.read_text())["start"]
+        record = json.loads(path.read_text())["start"]
     except (OSError, ValueError, KeyError, TypeError):
         return False, None
+    return (True, record) if record is None or _is_start(record) else (False, None)
+
+
+def _is_start(record) -> bool:
+    """Whether `record` has the shape `_plan_one` writes: layout (device indices per
+    pipeline), shares (one per pipeline) and knobs."""
+    def ints(xs) -> bool:
+        return isinstance(xs, list) and all(type(x) is int for x in xs)
+
+    try:
+        layout, shares, knobs = record["layout"], record["shares"], record["knobs"]
+        return (isinstance(layout, list) and all(ints(p) and p for p in layout) and ints(shares)
+                and len(shares) == len(layout) and isinstance(knobs, dict) and bool(Knobs(**knobs)))
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 class HeuristicStarts:

@@ -18,7 +18,7 @@ from spantrain._say import say as _say
 from spantrain._say import stderr_reader_may_leave
 from spantrain.errors import SpantrainError
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS", "OneLineParser"]
 
 # (command, module under spantrain.cli, one-line help); order is the --help order.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -39,8 +39,9 @@ included, with one line and exit code 130 (`spantrain._interrupt`). The others s
 save on KeyboardInterrupt once they run."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors in the project's one-line form (exit 2)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports usage errors in the project's one-line form (exit 2): `spantrain` and
+    the experiment scripts."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
@@ -64,10 +65,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from spantrain import __version__
 
-    parser = _Parser(prog="spantrain", description="Plan and run training across heterogeneous, "
+    parser = OneLineParser(prog="spantrain", description="Plan and run training across heterogeneous, "
                      "geo-distributed devices.")
     parser.add_argument("--version", action="version", version=f"spantrain {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(f"spantrain.cli.{module}")
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -48,6 +48,20 @@ def test_a_half_written_cache_file_is_recomputed(tmp_path):
     assert path.read_text() == whole
 
 
+@pytest.mark.parametrize("start", [{"layout": 5}, {"layout": [[0, "a"]], "shares": [1], "knobs": {}},
+                                   {"layout": [[0]], "shares": [1, 2], "knobs": {"micro_batch_size": 1}}, [1, 2]])
+def test_a_cache_file_that_holds_no_start_is_recomputed(tmp_path, start):
+    # valid JSON of another shape was a traceback ("TypeError: 'int' object is not iterable")
+    HeuristicStarts(tmp_path).prepare([KEY], progress=False)
+    (path,) = tmp_path.iterdir()
+    whole = path.read_text()
+    path.write_text(json.dumps({"start": start}))
+    assert HeuristicStarts(tmp_path).prepare([KEY], progress=False) == 1
+    assert path.read_text() == whole
+    path.write_text(json.dumps({"start": start}))
+    assert HeuristicStarts(tmp_path)(KEY, _evaluator()).feasible
+
+
 def test_a_worker_terminated_while_writing_its_start_finishes_the_file_first(tmp_path):
     # the pool's exit after Ctrl-C sends its workers SIGTERM; one that came mid-write left a
     # temporary file in the cache. Here SIGTERM arrives between writing and renaming.
