@@ -337,7 +337,12 @@ class AutoPlanner:
 
     name = "auto"
 
-    def __init__(self, **options: Any):
+    def __init__(self, *, allow_local_sgd: bool = False, **options: Any):
+        """`allow_local_sgd` goes to the heuristic (whose plan the policy starts from; the
+        policy's own moves pick among all-reduce and hierarchical sync), the rest to `ppo`."""
+        from spantrain.policies.heuristic import HeuristicConfig
+
+        self.heuristic = HeuristicConfig(allow_local_sgd=allow_local_sgd)
         self.ppo = PPOPlanner(**options)
         self.stats: dict[str, Any] = {}
 
@@ -357,7 +362,7 @@ class AutoPlanner:
     def best_candidate(self, ev: Evaluator) -> Candidate:
         from spantrain.policies.heuristic import HeuristicPlanner
 
-        heuristic = HeuristicPlanner().best_candidate(ev)
+        heuristic = HeuristicPlanner(self.heuristic).best_candidate(ev)
         if past_policy_size(len(ev.cluster), "using the heuristic plan"):  # not an error: auto is the default
             self.stats = {"chosen": "heuristic", "fallback": "too many devices for the policy"}
             return heuristic

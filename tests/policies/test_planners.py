@@ -192,7 +192,7 @@ def test_local_sgd_only_when_allowed():
     # two pairs of A100s 1 Gbit/s apart: averaging every few steps beats syncing every step
     cluster = region_cluster({"west": (2, 140, 40, 100), "east": (2, 140, 40, 100)}, 1.0, name="wan")
     workload = Workload.from_preset("gpt2-medium")
-    for name in ("heuristic", "exhaustive"):
+    for name in ("heuristic", "exhaustive", "auto"):  # auto, the default planner: its heuristic's plan
         strict = run_planner(name, cluster, workload)
         loose = run_planner(name, cluster, workload, allow_local_sgd=True)
         assert strict.plan.sync.mode != "local-sgd"
