@@ -366,8 +366,9 @@ def nonempty_str(obj: dict, key: str, where: str, problems: list[str]) -> str | 
 
 
 def readable(x: float) -> str:
-    """A figure as people read it: 2,400 and 1,283 whole, 0.0475 and 7.4e-05 to three digits."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    """A figure as people read it: 2,400 and 1,283 whole, 0.0475 and 7.4e-05 to three digits,
+    beyond a trillion 2e+21 (not twenty-two digits)."""
+    return f"{x:,.0f}" if 100 <= abs(x) < 1e12 else f"{x:.3g}"
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

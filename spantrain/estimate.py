@@ -10,7 +10,9 @@ __all__ = ["Estimate", "memory_reason", "fmt_memory"]
 
 def fmt_memory(n_bytes: float) -> str:
     """Bytes for a message: GB to one decimal, below 0.1 GB in MB to three digits (1.2 MB, not
-    0.0 GB, so tiny figures stay apart)."""
+    0.0 GB, so tiny figures stay apart), beyond a trillion GB to three digits."""
+    if abs(n_bytes) >= 1e21:  # what a spec's huge figures make: 2e+21 GB, not twenty digits
+        return f"{n_bytes / 1e9:.3g} GB"
     if n_bytes == 0 or abs(n_bytes) >= 1e8:
         return f"{n_bytes / 1e9:.1f} GB"
     return f"{n_bytes / 1e6:.3g} MB"

@@ -64,6 +64,11 @@ def test_small_figures_show_their_digits_not_zero(run_cli, tmp_path):
     from spantrain._spec import readable
 
     assert [readable(x) for x in (1283.4, 2400.0, 99.5, 7.398e-05)] == ["1,283", "2,400", "99.5", "7.4e-05"]
+    # a spec's absurd figures: not "2,000,000,000,000,000,039,769,249,677,312"
+    assert readable(2e33) == "2e+33"
+    from spantrain.estimate import fmt_memory
+
+    assert (fmt_memory(1e30), fmt_memory(40e9), fmt_memory(1.2e6)) == ("1e+21 GB", "40.0 GB", "1.2 MB")
 
 
 def test_topo_generate_to_stdout_is_a_spec(run_cli):
