@@ -150,8 +150,10 @@ class Workload:
     def __post_init__(self) -> None:
         if not self.layers:
             raise WorkloadError(f"workload {shown(self.name)}: needs at least one layer")
-        if self.train_flops <= 0:  # every plan would take 0 s: planners divide by a stage's time
-            raise WorkloadError(f"workload {shown(self.name)}: every layer has 0 FLOPs, so there is no work to plan "
+        if self.train_flops < 1.0:  # every plan would take (about) 0 s: planners divide by a stage's time
+            what = ("every layer has 0 FLOPs" if self.train_flops == 0 else
+                    f"its layers have {self.train_flops:.3g} FLOPs in all, under one")
+            raise WorkloadError(f"workload {shown(self.name)}: {what}, so there is no work to plan "
                                 "(give the layers their forward_flops)")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
             raise WorkloadError(f"workload {shown(self.name)}: global_batch must be a positive integer, "
