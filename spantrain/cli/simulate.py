@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     arrays = model.flatten(plan)  # raises PlanError naming every problem
     stage_out, pipe_out, scalars = model.evaluate(arrays)
     est = model._to_estimate(arrays, stage_out, pipe_out, scalars)
+    _note_other_prediction(plan, est.iteration_s, args.calibration)
     pipes = _stage_rows(model, plan, stage_out)
     if args.timeline:
         from spantrain.env.reference import trace
@@ -81,6 +82,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_human(est, plan, workload, pipes, args.timeline, args.calibration)
     return 0
+
+
+def _note_other_prediction(plan, iteration_s: float, calibration: str | None) -> None:
+    """A note on stderr when the plan file's `predicted` time differs from this one: the plan
+    was made for other inputs (a model of as many layers, another batch, other constants)."""
+    from spantrain._say import say
+
+    before = (plan.predicted or {}).get("iteration_s")
+    if not isinstance(before, (int, float)) or before <= 0 or abs(iteration_s / before - 1) <= 1e-6:
+        return
+    say(f"spantrain simulate: note: the plan file predicted {before:.4g} s/iteration, the cost model gives "
+        f"{iteration_s:.4g} s here: it was planned for another cluster, model, batch or --calibration than "
+        f"these (--calibration {calibration or 'none: the built-in constants'})")
 
 
 def _print_human(est, plan, workload, pipes, timeline, calibration: str | None = None) -> None:

@@ -40,6 +40,21 @@ def test_json_output(files, run_cli):
     assert obj["pipelines"][0]["stages"][1]["device"] == "edge-0"
 
 
+def test_a_plan_made_for_other_inputs_is_noted(files, run_cli):
+    cluster, plan, tmp = files
+    made = tmp / "made.json"
+    code, _, err = run_cli("plan", "-c", cluster, "-m", "gpt2-medium", "--calibration", "emulated-cpu", "-o", made,
+                           "--json")
+    assert code == 0, err
+    for calibration, noted in ((["--calibration", "emulated-cpu"], False), ([], True)):
+        code, out, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "--plan", made, "--json",
+                                 *calibration)
+        assert code == 0 and json.loads(out)["iteration_s"] > 0
+        predicted = json.loads(made.read_text())["predicted"]["iteration_s"]
+        assert (f"note: the plan file predicted {predicted:.4g} s/iteration" in err) is noted, err
+        assert err.count("\n") == noted
+
+
 def test_human_output(files, run_cli):
     cluster, plan, _ = files
     code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--global-batch", "16")
