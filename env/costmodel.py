@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -51,6 +51,7 @@ from spantrain.env.symmetry import device_classes
 from spantrain.errors import PlanError, SpecError
 from spantrain.estimate import Estimate, memory_reason
 from spantrain.plan import Plan
+from spantrain.planner import screening
 from spantrain.workload import MAX_GLOBAL_BATCH, Workload
 
 __all__ = ["CostModel", "PipelineTiming", "PlanArrays", "estimate", "layer_time_table"]
@@ -216,17 +217,12 @@ class CostModel:
         """Interchangeable-device class of every device (`spantrain.env.symmetry.device_classes`)."""
         return device_classes(self.cluster)
 
-    @contextmanager
-    def screened(self) -> Iterator[None]:
+    def screened(self) -> AbstractContextManager[None]:
         """Within: a pipeline of `SCREEN_FROM` micro-batches or more is simulated at about
         a thousand and its timing extrapolated over the rest (`spantrain.env.kernel.evaluate`,
         ``screen``), for a search to rank many candidates at large batches fast; the ones
         it keeps it scores again outside. No effect on smaller batches."""
-        before, self.screening = self.screening, True
-        try:
-            yield
-        finally:
-            self.screening = before
+        return screening(self)
 
     @property
     def screens(self) -> bool:

@@ -43,14 +43,14 @@ overstate the shortfall). A search that ranks many pipelines can skip the refine
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import numpy as np
 from numba import njit
 
 from spantrain.env.calibration import C_MSG, C_RESERVED, C_STATE
 from spantrain.env.costmodel import CostModel
+from spantrain.planner import screening
 
 __all__ = ["Partitioner", "SLACKS", "COARSE_CUTS"]
 
@@ -392,16 +392,11 @@ class Partitioner:
         c = self._classes
         return devices if c is None else tuple(map(c.__getitem__, devices))
 
-    @contextmanager
-    def screened(self) -> Iterator[None]:
+    def screened(self) -> AbstractContextManager[None]:
         """Within: deep models' partitions stay on the coarse positions, not refined layer by
         layer (which takes most of a deep split's time), to rank many candidates; the ones a
         search keeps are partitioned again in full after it. No effect on other models."""
-        before, self.screening = self.screening, True
-        try:
-            yield
-        finally:
-            self.screening = before
+        return screening(self)
 
     @property
     def coarse(self) -> bool:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from spantrain.plan import Plan
     from spantrain.workload import Workload
 
-__all__ = ["Planner", "prepare", "plan_with", "gc_paused"]
+__all__ = ["Planner", "prepare", "plan_with", "gc_paused", "screening"]
 
 
 @runtime_checkable
@@ -61,3 +61,15 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextmanager
+def screening(owner) -> Iterator[None]:
+    """`owner.screening` true within, as it was after (nests): a search ranks many candidates
+    on cheaper, approximate scores (`Partitioner.screened`, `CostModel.screened`) and scores
+    the ones it keeps again outside."""
+    before, owner.screening = owner.screening, True
+    try:
+        yield
+    finally:
+        owner.screening = before

@@ -41,7 +41,7 @@ def test_json_output(files, run_cli):
 
 
 def test_a_plan_made_for_other_inputs_is_noted(files, run_cli):
-    cluster, plan, tmp = files
+    cluster, _, tmp = files
     made = tmp / "made.json"
     code, _, err = run_cli("plan", "-c", cluster, "-m", "gpt2-medium", "--calibration", "emulated-cpu", "-o", made,
                            "--json")
