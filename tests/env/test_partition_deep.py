@@ -77,6 +77,24 @@ def test_a_pipeline_that_fits_only_with_a_cut_between_coarse_positions_still_get
         assert model.stage_memory(a, b, 1, CostModel.in_flight("1f1b", s, 3, 8)) <= model.memory_capacity(d)
 
 
+def test_the_exact_memory_dp_runs_once_for_the_micro_batch_counts_it_answers_alike(monkeypatch):
+    # quadratic in the layers (34 ms at 4,096), it ran for every share a search tried: 1F1B's
+    # in-flight counts, all it depends on besides the devices, are the same from 2 micro-batches on
+    model = _deep_model()
+    devs = (0, 1)
+    monkeypatch.setattr(partition, "COARSE_CUTS", 10**6)
+    tight = partition.Partitioner(model).memory_ratio(devs, 1, 8, "1f1b")
+    model.capacity_bytes[list(devs)] *= tight * (1 + 1e-6)
+    monkeypatch.undo()
+    part = partition.Partitioner(model)
+    calls = []
+    real = partition._memory_ratio
+    monkeypatch.setattr(partition, "_memory_ratio", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    got = [part.split(devs, 1, M, "1f1b") for M in (8, 9, 12, 16)]
+    assert got[0] is not None and got == got[:1] * 4
+    assert calls.count(model.num_layers + 1) == 1, calls  # over every layer boundary: once
+
+
 def test_a_pipeline_of_more_stages_than_coarse_intervals_is_partitioned(monkeypatch):
     # it got None: the coarse pass had fewer positions than stages
     monkeypatch.setattr(partition, "COARSE_CUTS", 8)
