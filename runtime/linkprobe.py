@@ -34,6 +34,7 @@ pairs the plan does not use share): the cluster as the run measured it, for re-p
 from __future__ import annotations
 
 import itertools
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -347,5 +348,9 @@ def links_message(event: dict[str, Any], adapting: bool = False) -> str:
     # without checkpoints there is nothing to --resume: the new plan starts over
     then = "spantrain run --resume --plan NEW.json" if event.get("checkpoints", True) else "run NEW.json (this " \
         "run keeps no checkpoints: add --checkpoint-dir to continue it on another plan)"
+    # the command as it runs: the run's model (and batch), quoted for a shell (a path may hold spaces)
+    model = shlex.quote(event["model"]) if event.get("model") else "MODEL"
+    batch = f" --global-batch {event['global_batch']}" if event.get("global_batch") else ""
     return head + (f"; the cluster as measured is in {event['cluster']}: re-plan on it with spantrain plan --cluster "
-                   f"{event['cluster']} --from {event.get('plan') or 'PLAN'} -o NEW.json, then {then}")
+                   f"{shlex.quote(event['cluster'])} --model {model}{batch} --from "
+                   f"{shlex.quote(event['plan']) if event.get('plan') else 'PLAN'} -o NEW.json, then {then}")

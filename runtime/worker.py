@@ -330,7 +330,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 # a stop request during the measurement cuts it short and stops the run here (checkpointed
                 # below), not after one more iteration
                 stopping = not _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step,
-                                        measure_reason, Path(cfg.run_dir), stop, checkpoints=bool(cfg.checkpoint_dir))
+                                        measure_reason, Path(cfg.run_dir), stop, checkpoints=bool(cfg.checkpoint_dir),
+                                        model=cfg.model, global_batch=cfg.global_batch)
             ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             final = stopping or step == cfg.steps
             # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync
@@ -421,7 +422,7 @@ def _train_state(step: int, samples_seen: int, seed: int, cfg: RunConfig, plan,
 
 def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layout: Layout, cluster,
              metrics: MetricsLog | None, tracker, step: int, reason: str, run_dir: Path, stop: StopFlag,
-             checkpoints: bool = True) -> bool:
+             checkpoints: bool = True, model: str | None = None, global_batch: int | None = None) -> bool:
     """Measure the plan's links (every rank); rank 0 reports them against the spec and writes the
     cluster as measured when a link changed (``RUN_DIR/cluster-measured.json``). False when a stop
     request cut the measurement short (nothing is reported; a drift stays pending)."""
@@ -440,7 +441,8 @@ def _measure(transport: Transport, pairs: list[tuple[int, int]], rank: int, layo
         write_text_atomic(path, json.dumps(measured_cluster(cluster, figures).to_spec(), indent=1) + "\n")
     event = {"step": step, "reason": reason, "measure_s": round(time.perf_counter() - t0, 3),
              "links": [f.to_dict() for f in figures], "cluster": str(path) if path else None,
-             "checkpoints": checkpoints, "plan": str(run_dir / PLAN_FILE)}
+             "checkpoints": checkpoints, "plan": str(run_dir / PLAN_FILE), "model": model,
+             "global_batch": global_batch}
     metrics.event("links", **event)
     if metrics.announce is not None:  # torchrun: no launcher reads the log
         metrics.announce(links_message(event))

@@ -4,6 +4,8 @@ that find a network other than their spec says (and, with --adapt, re-plan on it
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -108,11 +110,12 @@ def test_the_note_says_what_changed_and_what_to_do():
     text = links_message(event)
     assert text.startswith("measured the plan's 1 link(s) after iteration 7 (iterations drifted) in 2.5 s: "
                            "a-0 <-> b-0 0.5 Mbit/s, 20.4 ms (spec 50 Mbit/s, 20 ms; changed)")
-    assert "spantrain plan --cluster run/cluster-measured.json --from PLAN -o NEW.json" in text
-    # the plan file the run writes: a run given --planner had none to name
-    assert links_message({**event, "plan": "run/plan.json"}).endswith(
-        "re-plan on it with spantrain plan --cluster run/cluster-measured.json --from run/plan.json -o NEW.json, "
-        "then spantrain run --resume --plan NEW.json")
+    assert "spantrain plan --cluster run/cluster-measured.json --model MODEL --from PLAN -o NEW.json" in text
+    # the plan file the run writes (a run given --planner had none to name), and the run's model
+    # and batch: the command printed without --model failed on the missing flag
+    assert links_message({**event, "plan": "run/plan.json", "model": "/w s/m.yaml", "global_batch": 64}).endswith(
+        "re-plan on it with spantrain plan --cluster run/cluster-measured.json --model '/w s/m.yaml' --global-batch "
+        "64 --from run/plan.json -o NEW.json, then spantrain run --resume --plan NEW.json")
     assert links_message(event, adapting=True).endswith("and this run re-plans on it")
     # a run without checkpoints has nothing to --resume
     assert links_message({**event, "checkpoints": False}).endswith(
@@ -171,6 +174,12 @@ def test_a_run_whose_spec_is_out_of_date_writes_the_cluster_as_measured(tmp_path
     i, j = measured.index("a-0"), measured.index("b-0")
     assert float(measured.bandwidth[i, j]) / GBPS == pytest.approx(0.005, rel=0.15)
     assert f"the cluster as measured is in {tmp_path / 'run' / 'cluster-measured.json'}" in proc.stderr
+    # the command the note gives runs as printed
+    command = proc.stderr.split("re-plan on it with ")[1].split(", then ")[0].replace("NEW.json",
+                                                                                     str(tmp_path / "new.json"))
+    assert command.startswith("spantrain plan ")
+    replanned = subprocess.run([sys.executable, "-m", *shlex.split(command)], capture_output=True, text=True)
+    assert replanned.returncode == 0, replanned.stderr
 
 
 @pytest.mark.slow
