@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from spantrain._spec import shown
-from spantrain.errors import ExecutionError
+from spantrain.errors import ExecutionError, RunFailed
 
 __all__ = ["FORMAT", "PLAN_FILE", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta",
            "restore_rng", "Checkpointer", "read_tensors"]
@@ -200,7 +200,8 @@ class Checkpointer:
             self.barrier()  # DCP failed on every rank: each has judged the disk before any part goes
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # a part-written one is only in the way (of the space, too)
-            raise ExecutionError(f"cannot write checkpoint {tmp}: {reason}") from e
+            # the run failed (a full disk), not its input: exit 1, worth a --resume once there is room
+            raise RunFailed(f"cannot write checkpoint {tmp}: {reason}") from e
         self.barrier()  # every rank's shard is on disk
         if self.rank == 0:
             _write_json(tmp / "meta.json", meta)

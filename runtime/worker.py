@@ -39,7 +39,7 @@ import torch.distributed.pipelining
 
 from spantrain._say import say
 from spantrain._spec import write_text_atomic
-from spantrain.errors import ExecutionError, SpantrainError
+from spantrain.errors import ExecutionError, RunFailed, SpantrainError
 from spantrain.runtime import zb_order
 from spantrain.runtime.checkpoint import (
     PLAN_FILE,
@@ -463,6 +463,9 @@ def guarded(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | No
     try:
         return EXIT_OK, run_worker(cfg, rank=rank, world_size=world_size, init_method=init_method, local=local,
                                    stop=stop)
+    except RunFailed as e:  # failed on its own (a full disk), said in one line: not a refusal of its input
+        _record_error(cfg, rank, str(e))
+        return EXIT_ERROR, None
     except SpantrainError as e:
         _record_error(cfg, rank, str(e))
         return EXIT_REFUSED, None

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from runtime_helpers import MODEL, workload
 
-from spantrain.errors import ExecutionError
+from spantrain.errors import ExecutionError, RunFailed
 from spantrain.runtime.checkpoint import Checkpointer, check_meta, latest_checkpoint, model_meta, read_tensors
 from spantrain.runtime.metrics import summarize, warmup_steps
 from spantrain.runtime.preflight import resume_state
@@ -68,7 +68,8 @@ def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_g
     usage = namedtuple("usage", "total used free")
     ck = Checkpointer(tmp_path, rank=0, barrier=lambda: None)
     monkeypatch.setattr(shutil, "disk_usage", usage_now)
-    with pytest.raises(ExecutionError, match=r"no space left on the device \(0\.0 MB free, this rank's part alone is "
+    # the run failed (exit 1, worth a --resume once there is room), not its input (exit 2)
+    with pytest.raises(RunFailed, match=r"no space left on the device \(0\.0 MB free, this rank's part alone is "
                                              r"0\.0 MB\): free some space, or pass a --checkpoint-dir on another disk"):
         _save(ck, 3, 1.0)
     assert not list(tmp_path.glob(".tmp-*"))  # the part written is gone: it only took space
@@ -164,3 +165,21 @@ def test_summary_uses_medians_after_warmup():
     assert warmup_steps(5) == 2 and out["step_s"] == 1.0 and out["samples_per_s"] == 10.0
     assert out["loss_first"] == 5.0 and out["loss_last"] == 1.0 and out["steps"] == 5
     assert summarize(recs[:1])["step_s"] == 9.0
+
+
+def test_a_worker_whose_checkpoint_cannot_be_written_failed_rather_than_refused(tmp_path, monkeypatch):
+    # exit 2 (bad input) said "continue with --resume": the launcher's report now exits 1
+    import types
+
+    from spantrain.runtime import worker
+    from spantrain.runtime.entry import EXIT_ERROR, EXIT_REFUSED, error_file
+
+    cfg = types.SimpleNamespace(run_dir=str(tmp_path))
+    for raised, code in ((RunFailed("cannot write checkpoint x: no space left"), EXIT_ERROR),
+                         (ExecutionError("cannot load checkpoint x"), EXIT_REFUSED)):
+        def fail(*args, raised=raised, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(worker, "run_worker", fail)
+        assert worker.guarded(cfg, rank=0, world_size=1, init_method=None, local=True) == (code, None)
+        assert error_file(tmp_path, 0).read_text() == f"{raised}\n"
