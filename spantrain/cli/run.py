@@ -274,6 +274,24 @@ def _job_paths(state: dict[str, Any]) -> tuple[Path, Path | None] | None:
     return run_dir, (base / metrics).resolve() if isinstance(metrics, str) and metrics else None
 
 
+def _check_not_another_jobs(run_dir: Path, state: dict[str, Any]) -> None:
+    """Refuse to resume into a run directory another job made: its metrics, job id, result and W&B
+    run would take this one's records (and that job's own --resume would no longer find it)."""
+    from spantrain.runtime.launcher import JOB_ID_FILE
+
+    job = state.get("job_id")
+    try:
+        theirs = (run_dir / JOB_ID_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return  # a new directory, or one from before runs kept their id
+    if isinstance(job, str) and job and theirs and theirs != job:
+        own = _job_paths(state)
+        instead = (f"leave --run-dir out to continue in the checkpoint's own, {own[0]}" if own is not None else
+                   "pass a new --run-dir")
+        raise ExecutionError(f"--run-dir {run_dir} holds another run's records (job {theirs}; the checkpoint's run "
+                             f"is job {job}): {instead}")
+
+
 def _check_checkpoint_dir(path: str, resume: bool) -> None:
     """Refuse now, not at the first checkpoint (without --checkpoint-every, the end of the run:
     all of its training lost), a checkpoint directory that cannot be written; and, without
@@ -462,6 +480,8 @@ def _run(args: argparse.Namespace) -> int:
         if not args.metrics and own[1] is not None and own[1].is_file():
             args.metrics = str(own[1])  # it wrote its metrics elsewhere (--metrics): they go on there
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
+    if args.resume and not torchrun:
+        _check_not_another_jobs(run_dir, state)
     metrics_path = Path(args.metrics).resolve() if args.metrics else run_dir / "metrics.jsonl"
     # under torchrun rank 0 checks (it writes the file; the others may start after it began); a
     # restarted attempt continues the file its own job started

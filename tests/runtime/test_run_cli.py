@@ -362,6 +362,15 @@ def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision
     assert code == 0, err
     assert "continuing in the run directory" not in err and len(list((tmp_path / "runs").iterdir())) == 1
     assert (tmp_path / "first" / "metrics.jsonl").read_text().count('"loss"') == 1
+    # nor when named: --resume --run-dir into it appended this run's records to that job's (its W&B
+    # run too) and replaced its job id, so that job's own --resume lost its directory
+    before = (tmp_path / "first" / "metrics.jsonl").read_text()
+    code, _, err = spantrain_here(*args, "--steps", "5", "--resume", "--run-dir", str(tmp_path / "first"))
+    (ours,) = (tmp_path / "runs").iterdir()
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        f"spantrain run: error: --run-dir {tmp_path / 'first'} holds another run's records (job "), err
+    assert err.strip().endswith(f"leave --run-dir out to continue in the checkpoint's own, {ours}"), err
+    assert (tmp_path / "first" / "metrics.jsonl").read_text() == before
 
 
 def test_a_copied_project_resumes_in_the_copy_with_its_own_metrics_file(tmp_path):
