@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+# a suite started in the background (`make test &`, a CI step without job control) inherits
+# SIGINT ignored; the Ctrl-C tests raise it in this process and need Python's own handler
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 
