@@ -917,7 +917,6 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
             Smax = max(Smax, S)
             Mmax = max(Mmax, _simulated(nmb[p], S, screen))
     nx, ni = _workspace(Smax, Mmax)
-    held = np.empty(Smax if screen else 0)
     x = ws_x  # the caller's workspaces, kept warm in cache across calls, if large enough
     if x.shape[0] < nx:
         x = np.empty(nx)
@@ -969,6 +968,10 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
                 stage_out[g0 + s, 7] = memo[o + 5 + 3 * s]
         else:
             Ms = _simulated(M, S, screen)
+            # screened, `_best` leaves each stage's largest in-flight peak over the candidate
+            # orders in its stage_out column (the order that wins at M may not win at Ms: so
+            # memory is never under-counted); exact, nothing (an empty view: no allocation)
+            held = stage_out[g0:g0 + (S if Ms < M else 0), 4]
             per_a = 0.0
             if Ms < M:  # screened: the first of the two runs the stage ends are extrapolated from
                 c, K, per_a = _best(code, S, _SCREEN_A, x, n, Smax, Mmax, held)
@@ -990,9 +993,10 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
                 if Ms < M:
                     last += grow * (last - stage_out[g0 + s, 3])
                 stage_out[g0 + s, 3] = last
-                # screened, the order that wins at M may not be the one that won at Ms: each
-                # stage's largest peak over the candidate orders, so memory is never under-counted
-                stage_out[g0 + s, 4] = x[chb0 + S + s] if Ms == M else M if code == 0 else held[s]
+                if Ms == M:
+                    stage_out[g0 + s, 4] = x[chb0 + S + s]
+                elif code == 0:  # gpipe holds all M
+                    stage_out[g0 + s, 4] = M
                 stage_out[g0 + s, 7] = x[t0 + row]
                 if last > makespan:
                     makespan = last

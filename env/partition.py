@@ -425,9 +425,8 @@ class Partitioner:
         `memory_ratio` over every layer boundary (coarse positions could overstate it), for
         the devices alike with one byte each."""
         S = max(1, min(S, self.num_layers))
-        view = self._at(np.arange(self.num_layers + 1))
         infl = self.in_flight("1f1b", S, 1 << 30)
-        P, bb, pp, pa = view
+        P, bb, pp, pa = self._positions(self.num_layers)[1]
         return float(_memory_ratio(np.zeros(S, dtype=np.int64), P, bb, pp, pa, self._big, np.ones(1),
                                    self.model.calib, infl, 1.0)[0])
 

@@ -84,8 +84,9 @@
 
 At batches that give a pipeline thousands of micro-batches, every step scores with the
 cost model's screening (`CostModel.screened`: timings extrapolated from about a thousand
-micro-batches, within 1e-4 of exact on the plans measured, memory exact), and the plan
-found is scored in full: 2-3x faster planning there.
+micro-batches, within 1e-3 of exact on the tests' random pipelines; memory never
+under-counted), and the plan found is scored in full: llama2-7b at 65,536 samples plans
+6-12x faster, the same plans on 47 of 48 cases measured.
 
 The result is a valid plan with `predicted` filled, or a `PlannerError` when the model
 fits nowhere (naming the memory needed against the largest device).

@@ -259,32 +259,33 @@ def _job_paths(state: dict[str, Any]) -> tuple[Path, Path | None] | None:
     """The checkpoint's job's run directory and metrics file, while that directory is still the
     job's own: found relative to the checkpoints (a copied project continues in the copy) and
     holding the job's id (another job's directory made in the same place since is not taken over)."""
-    from spantrain.runtime.launcher import JOB_ID_FILE
-
     rel, job, metrics = state.get("run_dir"), state.get("job_id"), state.get("metrics_path")
     if not (isinstance(rel, str) and rel and isinstance(job, str) and job):
         return None
     base = Path(state["path"]).parent
     run_dir = (base / rel).resolve()
-    try:
-        if (run_dir / JOB_ID_FILE).read_text().strip() != job:
-            return None
-    except (OSError, UnicodeDecodeError):
+    if _job_of(run_dir) != job:
         return None
     return run_dir, (base / metrics).resolve() if isinstance(metrics, str) and metrics else None
 
 
-def _check_not_another_jobs(run_dir: Path, state: dict[str, Any]) -> None:
-    """Refuse to resume into a run directory another job made: its metrics, job id, result and W&B
-    run would take this one's records (and that job's own --resume would no longer find it)."""
+def _job_of(run_dir: Path) -> str | None:
+    """The id of the job whose run directory `run_dir` is (None: none recorded, or unreadable)."""
     from spantrain.runtime.launcher import JOB_ID_FILE
 
-    job = state.get("job_id")
     try:
-        theirs = (run_dir / JOB_ID_FILE).read_text().strip()
+        return (run_dir / JOB_ID_FILE).read_text().strip() or None
     except (OSError, UnicodeDecodeError):
-        return  # a new directory, or one from before runs kept their id
-    if isinstance(job, str) and job and theirs and theirs != job:
+        return None
+
+
+def _check_not_another_jobs(run_dir: Path, state: dict[str, Any]) -> None:
+    """Refuse to resume into a run directory another job made: its metrics, job id, result and W&B
+    run would take this one's records (and that job's own --resume would no longer find it). A
+    directory without a job id (new, or from before runs kept theirs) is not refused."""
+    job = state.get("job_id")
+    theirs = _job_of(run_dir)
+    if isinstance(job, str) and job and theirs is not None and theirs != job:
         own = _job_paths(state)
         instead = (f"leave --run-dir out to continue in the checkpoint's own, {own[0]}" if own is not None else
                    "pass a new --run-dir")
