@@ -173,7 +173,7 @@ def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["spantrain.runtime.worker"])
+        ctx.set_forkserver_preload(["spantrain.runtime.forkserver_exit", "spantrain.runtime.worker"])
         return ctx
     return multiprocessing.get_context("spawn")
 
