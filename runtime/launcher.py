@@ -57,7 +57,8 @@ from spantrain.runtime.entry import EXIT_REFUSED, error_file, local_entry
 from spantrain.runtime.linkprobe import links_message
 from spantrain.runtime.metrics import drift_message
 
-__all__ = ["launch_local", "launch_emulated", "workers_file", "run_dir_lock", "RUN_LOCK", "JOB_ID_FILE"]
+__all__ = ["launch_local", "launch_emulated", "check_emulated", "workers_file", "run_dir_lock", "RUN_LOCK",
+           "JOB_ID_FILE"]
 
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
@@ -417,19 +418,22 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
                  f"stopped the other {world - 1} worker(s); {ckpt}; logs in {run_dir / 'logs'}")
 
 
-def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
-    """Devices in rank order, a clean run directory, the saved config, the step training starts from."""
+def _rank_devices(cfg: RunConfig) -> list[str]:
+    """The device each rank runs: plan order unless a mapping file says otherwise."""
     from spantrain.plan import Plan
 
     plan = Plan.from_dict(cfg.plan)
-    # The device each rank runs (plan order unless a mapping file says otherwise).
     if cfg.rank_map:
         from spantrain.runtime.rankmap import ranks_from_file
 
         by_rank = {r: d for d, r in ranks_from_file(cfg.rank_map, plan).items()}
-        devices = [by_rank[r] for r in range(len(by_rank))]
-    else:
-        devices = plan.devices
+        return [by_rank[r] for r in range(len(by_rank))]
+    return plan.devices
+
+
+def _prepare(cfg: RunConfig, devices: list[str] | None = None) -> tuple[RunConfig, list[str], Path, Path, int]:
+    """Devices in rank order, a clean run directory, the saved config, the step training starts from."""
+    devices = devices if devices is not None else _rank_devices(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [run_dir / "result.json", *(run_dir / "errors").glob("rank*.txt")]:
@@ -443,6 +447,31 @@ def _prepare(cfg: RunConfig) -> tuple[RunConfig, list[str], Path, Path, int]:
         if latest is not None:
             start_step = json.loads((latest / "train_state.json").read_text())["step"]
     return cfg, devices, run_dir, run_dir / "run_config.json", start_step
+
+
+def _emulator(cfg: RunConfig, devices: list[str], *, cpus: float | None, mode: str, network: str | Path | None,
+              note: Callable[[str], None]):
+    """The emulated cluster `launch_emulated` runs `devices` on, its input checked (`ExecutionError`)."""
+    from spantrain.cluster import Cluster
+    from spantrain.errors import EmulationError
+    from spantrain.runtime.emulator import EmulatedCluster
+    from spantrain.runtime.emulator.options import RUN_OPTIONS
+
+    cluster = Cluster.from_file(network) if network else Cluster.from_spec(cfg.cluster_spec, "cluster")
+    try:
+        emu = EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note, options=RUN_OPTIONS)
+        emu.check()
+    except EmulationError as e:
+        raise ExecutionError(f"emulated run: {e}") from None
+    return emu
+
+
+def check_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "auto",
+                   network: str | Path | None = None) -> None:
+    """`ExecutionError` now, creating nothing, for input `launch_emulated` would refuse (a device's
+    CPU share too small for a quota, a rate the kernel's shaper cannot enforce): a run checks
+    before it makes its run directory."""
+    _emulator(cfg, _rank_devices(cfg), cpus=cpus, mode=mode, network=network, note=lambda m: None)
 
 
 def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "auto", progress: bool = False,
@@ -461,16 +490,15 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     """
     from spantrain.cluster import Cluster
     from spantrain.errors import EmulationError
-    from spantrain.runtime.emulator import EmulatedCluster
-    from spantrain.runtime.emulator.options import RUN_OPTIONS
 
-    cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
+    devices = _rank_devices(cfg)
+    emu = _emulator(cfg, devices, cpus=cpus, mode=mode, network=network, note=note)
+    cfg, devices, run_dir, config_path, start_step = _prepare(cfg, devices)
     # Pin rank k to the k-th emulated device: the spec's host records (if any) name other hosts.
     rank_map = run_dir / "rank_map.json"
     rank_map.write_text(json.dumps(devices) + "\n")
     cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
     cfg.save(config_path)
-    cluster = Cluster.from_file(network) if network else Cluster.from_spec(cfg.cluster_spec, "cluster")
     network_file = ClusterFile(network, "the emulated network (--emulate-network)", "the links as they are") \
         if network else None
     source = "network file" if network else "cluster file"
@@ -504,7 +532,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
 
     command = [sys.executable, "-m", "spantrain.runtime.emulator.worker", str(config_path)]
     try:
-        with EmulatedCluster(cluster, devices=devices, cpus=cpus, mode=mode, log=note, options=RUN_OPTIONS) as emu:
+        with emu:
             for line in emu.describe():
                 note(line)
             # Ctrl-C: as a local run, the workers finish their iteration and checkpoint (5 s lost both)

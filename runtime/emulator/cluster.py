@@ -42,6 +42,7 @@ __all__ = ["EmulatedCluster", "MODES"]
 
 MODES = ("auto", "netns", "local")
 """auto: namespaces when possible, else local processes; netns: namespaces or an error; local: never."""
+_UNPROBED = object()
 
 
 def _stderr(msg: str) -> None:
@@ -96,6 +97,7 @@ class EmulatedCluster:
         self.period_us = [cpu.period_us(x) for x in self.shares]
         """CFS period of each emulated device (rank order)."""
         self._old_handlers: dict[int, object] = {}
+        self._netns_reason: str | object | None = _UNPROBED
 
     # ---- life cycle ------------------------------------------------------------------------------
 
@@ -106,9 +108,25 @@ class EmulatedCluster:
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
+    def check(self) -> None:
+        """Refuse, creating nothing, what `setup` would refuse of the caller's input: a device's
+        CPU share below what a quota can hold, a rate the kernel's shaper cannot enforce. A caller
+        that writes files of its own first (a training run's directory) checks before it does."""
+        if self.want_cpu_limits and cpu.unavailable_reason() is None:
+            cpu.check_shares(self.cluster.ids, self.shares, self.cores, self.options)
+        if self.requested_mode != "local" and self._netns_unavailable() is None:
+            shaping.check_rates(self.cluster, self.limits, self.options)  # the user's to fix: no reason to fall back
+
+    def _netns_unavailable(self) -> str | None:
+        """`netns.unavailable_reason`, probed once per emulated cluster (it makes a namespace)."""
+        if self._netns_reason is _UNPROBED:
+            self._netns_reason = netns.unavailable_reason()
+        return self._netns_reason
+
     def setup(self) -> EmulatedCluster:
         if self.names is not None:
             return self
+        self.check()
         cleaned = state.sweep_leftovers()
         if cleaned:
             self.log(f"emulator: removed leftovers of crashed run(s) {', '.join(cleaned)}")
@@ -285,9 +303,8 @@ class EmulatedCluster:
     def _setup_network(self) -> str:
         if self.requested_mode == "local":
             return "local"
-        reason = netns.unavailable_reason()
+        reason = self._netns_unavailable()
         if reason is None:
-            shaping.check_rates(self.cluster, self.limits, self.options)  # the user's to fix: no reason to fall back
             try:
                 self._build_namespaces()
                 return "netns"
@@ -324,7 +341,6 @@ class EmulatedCluster:
             self.log(f"emulator: no CPU quotas ({reason}): devices share the cores freely")
             return
         assert self.names is not None
-        cpu.check_shares(self.cluster.ids, self.shares, self.cores, self.options)
         cpu.create_groups(self.names.cgroup, self.shares)
         self.cpu_limited = True
 

@@ -558,7 +558,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.measure_links and not args.emulate:
             _note("--measure-links measures nothing in a plain local run (its workers share this machine's "
                   "loopback, not the spec's links): add --emulate, or run under torchrun")
-        from spantrain.runtime.launcher import launch_emulated, launch_local, run_dir_lock
+        from spantrain.runtime.launcher import check_emulated, launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
 
@@ -569,6 +569,8 @@ def _run(args: argparse.Namespace) -> int:
                                        adapter=adapter)
             return launch_local(cfg, progress=show, adapter=adapter)
 
+        if args.emulate:  # input the emulator refuses makes no run directory
+            check_emulated(cfg, cpus=args.emulate_cpus, mode=args.emulate_mode, network=args.emulate_network)
         # this process owns the run and checkpoint directories until the run ends, however it ends
         with contextlib.ExitStack() as owned:
             # the checkpoints first: a resume's run directory may be another live run's, found by its checkpoints

@@ -87,6 +87,24 @@ def test_plan_devices_are_the_ranks_with_their_whole_cluster_quotas(tmp_path, no
     assert "2 devices, mode netns" in err
 
 
+def test_input_the_emulator_refuses_makes_no_run_directory(tmp_path, no_leftovers):
+    from spantrain.runtime.emulator import cpu
+
+    slow = copy.deepcopy(CLUSTER)
+    slow["network"]["default"]["gbps"] = 1e-8  # 10 bit/s: below what tc can shape
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    two = plan("gpipe", "allreduce", [(2, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])
+    cases = [("--emulate-network", str(tmp_path / "slow.json"), "--emulate-mode", "netns")]
+    if cpu.unavailable_reason() is None:
+        cases.append(("--emulate-cpus", "0.001"))
+    for k, extra in enumerate(cases):
+        code, out, err = spantrain_here(*_args(tmp_path, f"refused{k}", two, 2, "--emulate", *extra))
+        assert code == 2 and out == "", err
+        assert err.startswith("spantrain run: error: emulated run: ") and err.count("\n") == 1, err
+        assert ("the kernel's shaper can enforce" if k == 0 else "below the smallest CPU quota") in err, err
+        assert not (tmp_path / f"refused{k}").exists()
+
+
 def _worker_pids(config: Path) -> list[int]:
     """Pids of the emulated workers of one run (their command line names its config file)."""
     pids = []
