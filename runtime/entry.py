@@ -63,6 +63,10 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
     from spantrain.runtime.config import RunConfig
 
     cfg = RunConfig.from_file(config_path)
+    if cfg.launcher_pid and launcher_gone(cfg.launcher_pid):
+        # forked for a launcher that Ctrl-C ended while the fork server was still importing torch
+        # (its request was already sent): nothing of it may appear in the run directory
+        os._exit(EXIT_ORPHANED)
     log = log_file(cfg.run_dir, rank)
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -196,6 +196,8 @@ def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_proces
     while time.monotonic() < deadline and any(pgid == proc.pid for _, _, pgid, _ in _processes()):
         time.sleep(0.1)
     assert not [cmd for _, _, pgid, cmd in _processes() if pgid == proc.pid]
+    # a worker the fork server forked for the interrupted launcher left at once, writing nothing
+    assert not (tmp_path / "run" / "rendezvous").exists() and not list((tmp_path / "run").glob("logs/*"))
 
 
 def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
