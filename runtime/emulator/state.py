@@ -286,8 +286,10 @@ def sweep_leftovers() -> list[str]:
     # any object found is in the register by the time it is read.
     found = _leftover_ids()
     live = live_run_ids()
+    # A run that ended normally while we looked (its teardown removes its objects, then releases
+    # it) is not in `live` but has left nothing: only what is still there now is a leftover.
     cleaned = []
-    for run_id in sorted(found - live):
+    for run_id in sorted((found - live) & _leftover_ids()):
         teardown(RunNames(run_id))
         cleaned.append(run_id)
     for ns in netns.list_namespaces():  # an availability probe whose process is gone (killed mid-probe)

@@ -81,6 +81,22 @@ def test_objects_no_run_claims_are_leftovers_and_their_id_is_not_reused(machine,
     assert not any(p.exists() for p in objects)
 
 
+def test_a_run_that_ends_while_the_sweep_looks_is_not_called_a_crashed_one(machine, monkeypatch):
+    # the sweep found its objects, then its owner tore them down and released it, so it was no
+    # longer live: the next emulator start said "removed leftovers of crashed run(s)" about it
+    monkeypatch.setenv("SPANTRAIN_EMULATOR_DIR", str(machine / "mine"))
+    sibling = state.new_run()
+    _bring_up(sibling)
+    live_run_ids = state.live_run_ids
+
+    def ends_meanwhile() -> set[str]:
+        state.teardown(sibling)
+        return live_run_ids()
+
+    monkeypatch.setattr(state, "live_run_ids", ends_meanwhile)
+    assert state.sweep_leftovers() == []
+
+
 @pytest.mark.skipif(cpu.unavailable_reason() is not None, reason=f"needs CPU quotas: {cpu.unavailable_reason()}")
 def test_a_root_run_leaves_the_cgroup_of_a_live_run_elsewhere_alone(tmp_path, monkeypatch):
     # on the real machine (cgroups, no namespaces): the second set-up removed the first's cgroup
