@@ -14,11 +14,12 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "error_file", "log_file", "launcher_gone",
-           "watch_launcher", "local_entry", "exit_worker"]
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "ORPHAN_GRACE_S", "error_file", "log_file",
+           "launcher_gone", "watch_launcher", "local_entry", "exit_worker"]
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
-"""Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away."""
+"""Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away
+(and the worker could not stop with the others within `ORPHAN_GRACE_S`)."""
 
 
 def error_file(run_dir: str | Path, rank: int) -> Path:
@@ -49,13 +50,22 @@ def launcher_gone(pid: int) -> bool:
         return False
 
 
-def watch_launcher(pid: int) -> None:
-    """Exit when the launcher is gone, so no worker outlives the run that started it (run it in a
-    daemon thread; emulated workers share the launcher's pid space, so this works there too)."""
-    while True:
+ORPHAN_GRACE_S = 60.0
+"""How long the workers of a launcher that went away (killed with SIGKILL, say) get to finish
+their iteration together and checkpoint before they exit regardless."""
+
+
+def watch_launcher(pid: int, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """Stop when the launcher is gone, so no worker outlives the run that started it (run it in a
+    daemon thread; emulated workers share the launcher's pid space, so this works there too).
+    Stopping is what the launcher's own SIGTERM asks: finish the iteration with the other ranks
+    (each sees the launcher gone within a second), checkpoint if configured, exit; a worker
+    still running `grace_s` later (a peer died, a collective waits) exits at once."""
+    while not launcher_gone(pid):
         time.sleep(1.0)
-        if launcher_gone(pid):
-            os._exit(EXIT_ORPHANED)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    os._exit(EXIT_ORPHANED)
 
 
 def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:

@@ -38,14 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         omp = os.environ.get("OMP_NUM_THREADS", "")
         threads = int(omp) if omp.isdigit() and int(omp) > 0 else max(1, cpu_cores() // world)
         cfg = dataclasses.replace(cfg, threads=threads)
-    if cfg.launcher_pid:
-        threading.Thread(target=watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
-
     from spantrain.runtime.worker import StopFlag, guarded
 
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if cfg.launcher_pid:  # after the handlers: a launcher gone stops the worker through its SIGTERM
+        threading.Thread(target=watch_launcher, args=(cfg.launcher_pid,), daemon=True).start()
     code, _ = guarded(cfg, rank=rank, world_size=world, init_method=None, local=False, stop=stop)
     exit_worker(code)
 

@@ -253,8 +253,9 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
     """A script that runs `spantrain run` and reads its output reaps it only when the output ends;
     the fork server holds that output until the workers exit, so they must see the killed
     launcher's zombie as gone."""
-    run_dir = tmp_path / "run"
-    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir))
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir),
+                     "--checkpoint-dir", str(ckpt))
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -268,6 +269,11 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     _wait_for(lambda: not any(_alive(w["pid"]) for w in workers), 10, "the workers to exit")
+    # they stopped as on the launcher's SIGTERM: together, with a checkpoint of the last iteration
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (end,) = [r for r in records if r.get("event") == "end"]
+    assert end["stopped_early"] and end["final_step"] == max(r["step"] for r in records if "loss" in r)
+    assert (ckpt / "latest").read_text().strip() == f"step-{end['final_step']:08d}"
 
 
 def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process_starts(tmp_path, monkeypatch):
