@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile_here(args: argparse.Namespace, workload, *, distributed: bool) -> int:
+    # As `run`'s workers and the emulator's devices compute (the profile describes them), and before
+    # torch loads OpenMP, which reads it once: a spinning thread pool measured a CPU that other
+    # work kept busy 17-38x slow, and overran the budget
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import yaml
 
     from spantrain.profiler.runner import profile_rank

@@ -142,6 +142,27 @@ def test_single_device_profile_without_a_launcher(tmp_path):
     assert len(c) == 1 and len(c.devices[0].layer_times["tiny-gpt"].forward_s) == 8
 
 
+_SEES = """
+import os, sys
+from spantrain.profiler import runner
+def seen(*args, **kwargs):
+    print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+runner.profile_rank = seen
+from spantrain.cli import main
+main(["profile", "--budget-s", "5"])
+"""
+
+
+def test_the_profile_computes_with_passive_openmp_threads_as_the_runtime_does():
+    # set before torch loads OpenMP (which reads it once); a spinning pool measured a busy CPU 17-38x slow
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "OMP_WAIT_POLICY")}
+    proc = subprocess.run([sys.executable, "-c", _SEES], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.stdout.split() == ["PASSIVE", "False"], proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-c", _SEES], capture_output=True, text=True, timeout=120,
+                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # the user's choice stands
+    assert proc.stdout.split() == ["ACTIVE", "False"], proc.stdout + proc.stderr
+
+
 def test_cli_input_errors_are_one_line(run_cli):
     for args, needle in [(("--budget-s", "nan"), "--budget-s must be a number of seconds in (0, 86400], got nan"),
                          (("--budget-s", "inf"), "--budget-s must be a number of seconds in (0, 86400], got inf"),
