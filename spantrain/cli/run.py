@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spantrain._spec import plural
+from spantrain._spec import plural, readable
 from spantrain.cli._common import (
     add_calibration_arg,
     add_cluster_arg,
@@ -784,12 +784,23 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
         print(f"checkpoint: {result['checkpoint']}")
 
 
+_FAR_OFF = 3.0
+"""A measured time this many times the prediction (or below its inverse) is no error of the cost
+model's: the spec describes other devices than the run ran on."""
+
+
 def _against(predicted: float | None, measured: float | None) -> str:
     """``0.612 s/iteration, measured 7 % slower``: a prediction beside the measured median."""
     if predicted is None:
         return "n/a"
+    shown = f"{predicted:.3f}" if predicted >= 0.01 else readable(predicted)  # not 0.000 for an A100's 7.4e-05
     if not measured:
-        return f"{predicted:.3f} s/iteration"
-    off = measured / predicted - 1
+        return f"{shown} s/iteration"
+    ratio = measured / predicted
+    if ratio >= _FAR_OFF or ratio <= 1 / _FAR_OFF:
+        how = f"{readable(ratio)}x slower" if ratio > 1 else f"{readable(1 / ratio)}x faster"
+        return (f"{shown} s/iteration, measured {how}: the cluster spec does not describe the devices this ran on "
+                "(`spantrain profile` measures them)")
+    off = ratio - 1
     how = "as predicted" if abs(off) < 0.005 else f"{abs(off):.0%} {'slower' if off > 0 else 'faster'}"
-    return f"{predicted:.3f} s/iteration, measured {how}"
+    return f"{shown} s/iteration, measured {how}"

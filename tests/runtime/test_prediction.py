@@ -79,6 +79,11 @@ def test_the_report_sets_the_prediction_beside_the_measured_time(capsys):
     assert "predicted by the cost model (emulated-cpu.yaml): 0.500 s/iteration, measured 10% slower" in out
     _report({**result, "step_s": 0.4}, as_json=False)
     assert "0.500 s/iteration, measured 20% faster" in capsys.readouterr().out
+    # under torchrun on devices the spec does not describe (an A100 spec, a CPU run): not "0.000 s/iteration,
+    # measured 566166% slower"
+    _report({**result, "predicted_step_s": 7.4e-05, "step_s": 0.42}, as_json=False)
+    assert ("7.4e-05 s/iteration, measured 5,676x slower: the cluster spec does not describe the devices this ran "
+            "on (`spantrain profile` measures them)") in capsys.readouterr().out
     _report({**result, "prediction_comparable": False}, as_json=False)
     assert "predicted" not in capsys.readouterr().out  # a figure of another machine would mislead
     segments = [{"start_step": 0, "final_step": 3, "plan": plan("1f1b", "allreduce", ASYMMETRIC), "step_s": 0.5,
