@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
                 stop.args = (f"{stop}; nothing was shipped: {how}",)
                 report["message"] = str(stop)
             if args.json:  # stdout still holds one JSON object: what was kept and how to go on
-                print_json(report or {"interrupted": True, "policy": None, "message": str(stop)})
+                print_json(report or {"interrupted": True, "policy": None,
+                                      "message": str(stop) or "interrupted before any policy was saved"})
             raise
         finally:
             stop_signals.restore(signals)

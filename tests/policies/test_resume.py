@@ -433,3 +433,17 @@ def test_ppo_that_diverges_stops_in_one_line_keeping_the_last_finite_state(run_c
     # the first update broke the weights: the state before it stands, not NaN weights
     state = ResumeState.from_dir(run)
     assert state.num_timesteps == 0 and all(bool(torch.isfinite(v).all()) for v in state.policy.values())
+
+
+def test_ctrl_c_before_anything_was_saved_still_says_so_in_the_json(run_cli, tmp_path, monkeypatch):
+    from spantrain.policies import training
+
+    def interrupted_at_once(config):
+        raise KeyboardInterrupt  # Ctrl-C while the starts were still being computed
+
+    monkeypatch.setattr(training, "train", interrupted_at_once)
+    code, out, _ = run_cli("train-policy", "--timesteps", "96", "--out-dir", tmp_path / "run", "--cache-dir",
+                           tmp_path / "cache", "--no-track", "--json", *TINY)
+    assert code == 130
+    assert json.loads(out) == {"interrupted": True, "policy": None,
+                               "message": "interrupted before any policy was saved"}  # the message was ""
