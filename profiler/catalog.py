@@ -2,7 +2,8 @@
 
 `tflops` is *sustained* dense mixed-precision throughput on transformer layers, taken as
 roughly 40-50% of the datasheet's dense fp16/bf16 tensor peak (the model FLOPs
-utilisation large-model training reaches in practice), not the peak itself.
+utilisation large-model training reaches in practice), not the peak itself; less for the T4
+and the Jetson, held back by their power and memory bandwidth.
 `memory_gb` is the card's memory; the cost model keeps its own reserve for buffers.
 """
 
