@@ -192,7 +192,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     from spantrain.policies.ppo import load_policy, load_value_head, save_policy
     from spantrain.policies.resume import ResumeState, run_file
     from spantrain.policies.starts import HeuristicStarts
-    from spantrain.tracking import Tracker, wandb_mode
+    from spantrain.tracking import Tracker, check_environment
 
     t_start = time.perf_counter()
     out = Path(config.out_dir)
@@ -223,7 +223,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                                  f"{have[1]}, this run hidden {config.hidden} and layers {config.layers}; pass "
                                  f"TrainConfig.hidden {have[0]} TrainConfig.layers {have[1]}")
     if config.track:
-        wandb_mode()  # a WANDB_MODE wandb does not know fails now, not after the heuristic starts
+        check_environment()  # a WANDB_* value wandb refuses fails now, not after the heuristic starts
     # one intra-op thread: the graphs are small, and a second thread fighting for the same
     # two cores made the forward pass ~8x slower here
     torch.set_num_threads(1)

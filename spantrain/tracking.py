@@ -16,8 +16,8 @@ from typing import Any
 
 from spantrain.errors import SpantrainError
 
-__all__ = ["Tracker", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs",
-           "RUN_ID_FILE"]
+__all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
+           "remove_import_temp_dirs", "RUN_ID_FILE"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -39,6 +39,36 @@ def wandb_mode() -> str:
     if os.environ.get("WANDB_API_KEY"):
         return "online"
     return "online" if _netrc_login() else "offline"
+
+
+def check_environment() -> None:
+    """Refuse now, in one line naming it, a ``WANDB_*`` variable wandb would refuse when the run
+    starts (there: a traceback, or a worker that fails after every other one started). An empty
+    one counts as unset, as it does for wandb's own checks of `WANDB_MODE` here, but not in
+    wandb itself, which refused ``WANDB_MODE=`` as a mode."""
+    for key in [k for k, v in os.environ.items() if k.startswith("WANDB_") and not v.strip()]:
+        del os.environ[key]
+    wandb_mode()
+    import wandb
+
+    try:
+        wandb.Settings().update_from_env_vars(dict(os.environ))
+    except Exception as e:  # pydantic's ValidationError, wandb's UsageError: wandb's errors for its settings
+        raise SpantrainError(_refused_setting(e)) from None
+
+
+def _refused_setting(e: Exception) -> str:
+    """One line for a setting wandb refused, naming the variable it came from when it can."""
+    errors = e.errors() if callable(getattr(e, "errors", None)) else []
+    if errors:
+        setting, reason = str(errors[0]["loc"][0]), errors[0]["msg"]
+    else:
+        reason = next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
+        setting = "run_id" if reason.startswith("Run ID") else ""
+    var = f"WANDB_{setting.upper()}"
+    if setting and var in os.environ:
+        return f"{var}={os.environ[var]} is refused by W&B ({reason}): fix it or unset it"
+    return f"W&B refuses its settings from the environment ({reason}): fix or unset the WANDB_* variable concerned"
 
 
 RUN_ID_FILE = "run-id"
@@ -102,6 +132,7 @@ class Tracker:
             return
         import wandb
 
+        check_environment()
         mode = wandb_mode()
         out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
         out.mkdir(parents=True, exist_ok=True)

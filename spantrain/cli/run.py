@@ -406,9 +406,9 @@ def _run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     _check_paths(args)
     if args.track:
-        from spantrain.tracking import wandb_mode
+        from spantrain.tracking import check_environment
 
-        wandb_mode()  # a WANDB_MODE wandb does not know fails now, not in rank 0 once every worker started
+        check_environment()  # a WANDB_* value wandb refuses fails now, not in rank 0 once every worker started
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     torchrun = under_torchrun()

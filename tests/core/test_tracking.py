@@ -231,3 +231,31 @@ def test_a_job_continues_the_run_id_it_left_in_its_directory(tmp_path, monkeypat
     assert wandb_run_id(tmp_path, resume=True).isalnum()
     monkeypatch.setenv("WANDB_RUN_ID", "mine123")  # the user's choice wins
     assert wandb_run_id(tmp_path, resume=True) == wandb_run_id(tmp_path, resume=False) == "mine123"
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    ("WANDB_SILENT", "maybe", "WANDB_SILENT=maybe is refused by W&B (Input should be a valid boolean"),
+    ("WANDB_INIT_TIMEOUT", "abc", "WANDB_INIT_TIMEOUT=abc is refused by W&B (Input should be a valid number"),
+    ("WANDB_CONSOLE", "bogus", "WANDB_CONSOLE=bogus is refused by W&B (Input should be 'auto', 'off'"),
+    ("WANDB_RUN_ID", "bad/id", "WANDB_RUN_ID=bad/id is refused by W&B (Run ID cannot contain the characters"),
+])
+def test_a_wandb_variable_wandb_refuses_is_named_in_one_line(monkeypatch, var, value, says):
+    # each was a traceback from train-policy, and a worker's failure (exit 1, "stopped responding") from run
+    from spantrain.errors import SpantrainError
+    from spantrain.tracking import check_environment
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SpantrainError) as e:
+        check_environment()
+    assert str(e.value).startswith(says) and str(e.value).endswith("): fix it or unset it"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_an_empty_wandb_variable_counts_as_unset(monkeypatch):
+    from spantrain.tracking import check_environment
+
+    monkeypatch.setenv("WANDB_MODE", "")  # wandb refused it as a mode; spantrain's own check took it for unset
+    monkeypatch.setenv("WANDB_RUN_ID", " ")
+    check_environment()
+    assert "WANDB_MODE" not in os.environ and "WANDB_RUN_ID" not in os.environ

@@ -559,3 +559,17 @@ def test_run_plans_with_its_calibration(tmp_path):
     assert res["plan"]["pipelines"] == expected.to_dict()["pipelines"]
     assert res["plan"] != HeuristicPlanner().plan(spec, workload()).to_dict()  # the built-in constants' differs
     assert res["predicted_step_s"] == pytest.approx(expected.predicted["iteration_s"])
+
+
+def test_a_wandb_setting_wandb_refuses_stops_a_tracked_run_before_any_worker(tmp_path, monkeypatch):
+    # was exit 1, "worker rank 0 ... stopped responding ... ValidationError", once every worker had started
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 6)])])))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "maybe")
+    code, out, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                    "--steps", "2", "--run-dir", str(tmp_path / "run"), "--track")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == ["spantrain run: error: WANDB_SILENT=maybe is refused by W&B (Input should "
+                                        "be a valid boolean, unable to interpret input): fix it or unset it"], err
+    assert not (tmp_path / "run").exists()
