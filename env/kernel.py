@@ -72,7 +72,6 @@ from __future__ import annotations
 from itertools import chain
 
 import numpy as np
-from numba import njit
 
 from spantrain.env.calibration import (
     C_GRAD,
@@ -89,6 +88,7 @@ from spantrain.env.calibration import (
     C_SPW,
     C_STATE,
 )
+from spantrain.env.jit import cached_njit
 
 __all__ = ["evaluate_plan", "evaluate", "plan_ints", "plan_views", "out_size", "workspace_size",
            "memo_record", "split_out", "pack_model", "sync_groups", "STAGE_COLUMNS", "SCALARS",
@@ -143,14 +143,14 @@ _NF, _NB, _NW, _LASTB, _WAIT, _LIMFB, _LIMTOT, _POS = range(_IR)
 memory bounds (F to B, F to W); next position in a fixed order."""
 
 
-@njit(cache=True)
+@cached_njit
 def _workspace(S, M):
     """Sizes (floats, ints) of the workspaces for pipelines of up to S stages, M micro-batches."""
     K = 3 * M
     return S * _FR + 2 * S * M + 6 * S + 4 * S * K, S * _IR + 4 * S * K
 
 
-@njit(cache=True)
+@cached_njit
 def _offsets(S, M, c):
     """(fa, ga, chf, chb, start, end, kind, mb) offsets of candidate c in workspaces sized
     by `_workspace(S, M)`."""
@@ -163,7 +163,7 @@ def _offsets(S, M, c):
     return fa, ga, ch, ch + S, t, t + S * K, kd, kd + S * K
 
 
-@njit(cache=True)
+@cached_njit
 def _fill_fixed(code, S, M, split, n, kd0, mb0):
     """Write the gpipe (code 0) or 1f1b (code 1) order: K = 2M ops per stage with fused
     backwards, 3M when `split` (B then W at once)."""
@@ -198,7 +198,7 @@ def _fill_fixed(code, S, M, split, n, kd0, mb0):
                 i += 1
 
 
-@njit(cache=True)
+@cached_njit
 def _simulate(S, K, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
     """`simulate_order` in the workspaces (op times of the order at kd0 / mb0 go to t0 /
     e0). Stages are swept alternately forwards and backwards, each running its ops until
@@ -267,7 +267,7 @@ def _simulate(S, K, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
             raise ValueError("pipeline order deadlocks")
 
 
-@njit(cache=True)
+@cached_njit
 def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
     """`zb_greedy` in the workspaces (stage records hold times and bounds; the order goes
     to kd0 / mb0, its times to t0 / e0).
@@ -442,7 +442,7 @@ def _greedy(S, M, x, n, fa0, ga0, chf0, chb0, t0, e0, kd0, mb0):
             break
 
 
-@njit(cache=True)
+@cached_njit
 def _period(S, K, x, n, chf0, chb0, t0, e0, kd0):
     """`period` of the candidate at these offsets."""
     t = 0.0
@@ -464,7 +464,7 @@ def _period(S, K, x, n, chf0, chb0, t0, e0, kd0):
     return t
 
 
-@njit(cache=True)
+@cached_njit
 def _peak(S, x, chb0):
     """Largest number of micro-batches any stage holds between F and W (or BW), as the
     candidate with backward channels at chb0 recorded it."""
@@ -475,7 +475,7 @@ def _peak(S, x, chb0):
     return best
 
 
-@njit(cache=True)
+@cached_njit
 def _best(code, S, M, x, n, Sw, Mw, held):
     """`best_order` in workspaces sized by `_workspace(Sw, Mw)`, the stage records filled.
     Returns (c, K, period): the winner is candidate c (`_offsets(Sw, Mw, c)`), K ops per
@@ -539,7 +539,7 @@ _SORTED_RING_FROM = 128
 a scan per hop is faster than the sort (and allocates nothing)."""
 
 
-@njit(cache=True)
+@cached_njit
 def _nearest_first(links, msg, w, i0, n, chunk):
     """[i]: the other nodes of w[i0:i0+n] (indices into it) by hop time from node i, nearest
     first, ties to the lower index as a scan finds them (a stable sort)."""
@@ -559,7 +559,7 @@ def _nearest_first(links, msg, w, i0, n, chunk):
     return near
 
 
-@njit(cache=True)
+@cached_njit
 def _ring(links, msg, w, i0, n, chunk, w0, best0):
     """Step seconds of the best nearest-neighbour ring over the n nodes w[i0:i0+n]
     (`ring_order`); w[w0:w0+2n] is scratch; the ring goes to w[best0:best0+n] if best0 >= 0.
@@ -638,7 +638,7 @@ def _ring(links, msg, w, i0, n, chunk, w0, best0):
     return best_step
 
 
-@njit(cache=True)
+@cached_njit
 def _chain(links, msg, w, i0, n, leader, nbytes, w0):
     """(reduce-to-leader, broadcast-from-leader) seconds along a nearest-neighbour chain from
     `leader` over the n nodes w[i0:i0+n], pipelined in small chunks; w[w0:w0+n] is scratch."""
@@ -675,7 +675,7 @@ def _chain(links, msg, w, i0, n, leader, nbytes, w0):
     return nbytes / min_up + lat_up, nbytes / min_down + lat_down
 
 
-@njit(cache=True)
+@cached_njit
 def _collective(mode, links, msg, region, w, i0, n, nbytes, w0):
     """`collective_time` over the n nodes w[i0:i0+n]; w[w0:w0+6n] is scratch."""
     if n < 2:
@@ -726,7 +726,7 @@ def _collective(mode, links, msg, region, w, i0, n, nbytes, w0):
     return t_reduce + ring + t_bcast
 
 
-@njit(cache=True)
+@cached_njit
 def _serialize(ready, duration, members, G, width, free, start, end, ascending):
     """`schedule_collectives` for the first G groups, `width` members each, into
     preallocated `start` / `end`; `free` (devices) is scratch. Groups are visited last
@@ -752,7 +752,7 @@ def _serialize(ready, duration, members, G, width, free, start, end, ascending):
 # ---- the plan ---------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@cached_njit
 def _groups(pipe_ptr, stage_a, stage_b, n_layers, cut, lo, hi, holder):
     """`sync_groups` into preallocated arrays (cut: n_layers + 1 scratch); returns G."""
     P = pipe_ptr.shape[0] - 1
@@ -846,7 +846,7 @@ def pack_model(tf, tb, tw, bb, pp, pa, act, flops, capacity, bw, lat):
             np.ascontiguousarray(np.stack([bw, lat]), dtype=np.float64))
 
 
-@njit(cache=True)
+@cached_njit
 def _simulated(M, S, screen):
     """Micro-batches `evaluate` simulates for a pipeline of M (its ``screen`` doc)."""
     if screen and M >= SCREEN_FROM and _SCREEN_A >= 4 * S:
@@ -854,7 +854,7 @@ def _simulated(M, S, screen):
     return M
 
 
-@njit(cache=True)
+@cached_njit
 def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_code, period, memo_at, memo, out,
              ws_x, ws_n, screen=False):
     """Estimate a flattened plan (module docstring); the model's arrays as `pack_model`

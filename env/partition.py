@@ -46,10 +46,10 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 import numpy as np
-from numba import njit
 
 from spantrain.env.calibration import C_MSG, C_RESERVED, C_STATE
 from spantrain.env.costmodel import CostModel
+from spantrain.env.jit import cached_njit
 from spantrain.planner import screening
 
 __all__ = ["Partitioner", "SLACKS", "COARSE_CUTS"]
@@ -83,7 +83,7 @@ def _max_table(act: np.ndarray) -> np.ndarray:
     return table
 
 
-@njit(cache=True)
+@cached_njit
 def _range_max(big, lo, hi):
     """The largest of act[lo:hi] (lo < hi) from its sparse table `big` (`_max_table`)."""
     k = int(big[-1, hi - lo])
@@ -92,7 +92,7 @@ def _range_max(big, lo, hi):
     return x if x > y else y
 
 
-@njit(cache=True)
+@cached_njit
 def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L, edges=True):
     """Bytes a stage holding cut positions [a, b) needs (`CostModel.stage_memory`, summed in
     its order); without its boundary messages if not `edges` (adding 0.0 leaves the rest as is)."""
@@ -102,7 +102,7 @@ def _stage_mem(a, b, m, infl, P, pp, pa, bb, big, state, reserved, L, edges=True
             + m * _range_max(big, P[a], P[b]) + reserved)
 
 
-@njit(cache=True)
+@cached_njit
 def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl, m, M, n_ops, check_memory, lo, hi,
                tie=0.0):
     """Stage start positions (indices into the cut positions P, length S) of the best
@@ -194,7 +194,7 @@ def _partition(devs, tfb, op_dev, P, bb, bw, lat, pp, pa, big, cap, calib, infl,
     return best_starts
 
 
-@njit(cache=True)
+@cached_njit
 def _least_fill(T, U, arg, tie, ctx):
     """Partition of least fill whose stages and links all take <= T per micro-batch:
     (starts, fill, actual bottleneck); fill inf when there is none. `tie` > 0 adds tie x
@@ -268,7 +268,7 @@ def _least_fill(T, U, arg, tie, ctx):
     return starts, fill if tie > 0 else U[S, 0], bott
 
 
-@njit(cache=True)
+@cached_njit
 def _memory_ratio(devs, P, bb, pp, pa, big, cap, calib, infl, m):
     """(min over partitions of the max over stages of stage memory / device memory, the
     stage starts of such a partition, as indices into P): the ratio is <= 1 exactly when
@@ -311,7 +311,7 @@ def _memory_ratio(devs, P, bb, pp, pa, big, cap, calib, infl, m):
     return V[S, L], starts
 
 
-@njit(cache=True)
+@cached_njit
 def _min_bottleneck(devs, tfb, bb, bw, P):
     """Min over partitions of the max per-sample stage or link seconds (no memory limit),
     with cuts at the positions `P` (0 and L among them): a lower bound of the same over

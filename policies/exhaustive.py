@@ -56,11 +56,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
+from spantrain.env.jit import cached_njit
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
 from spantrain.policies.cuts import refine_cuts
@@ -281,7 +281,7 @@ def _holder_bound(layout, bws: np.ndarray, layer_bytes: np.ndarray, grad_bytes: 
     return out
 
 
-@njit(cache=True)
+@cached_njit
 def _widest_holders(flat, ptr, bws):
     """Max over choices of one holder device per pipeline of the smallest edge of the
     maximum spanning tree over the holders (edges: link bandwidth): whatever devices hold

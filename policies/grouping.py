@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from spantrain.cluster import Cluster
+from spantrain.env.jit import cached_njit
 from spantrain.env.symmetry import device_classes
 from spantrain.profiler.grouping import compute_groups
 
@@ -39,7 +39,7 @@ NET_RATIO = 1.5
 """Bandwidths within this factor count as the same network (measurement noise is 5-15 %)."""
 
 
-@njit(cache=True)
+@cached_njit
 def _profile_distance(logbw, limit):
     """Pairwise max over k != i, j of |logbw[i, k] - logbw[j, k]|, stopping early at `limit`."""
     n = logbw.shape[0]
