@@ -94,12 +94,20 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
 
     from spantrain.runtime.worker import StopFlag, guarded
 
-    stop = StopFlag()
+    # Before training starts (rendezvous, set-up) a stop ends the worker at once: there is no
+    # iteration to finish, and one waiting at the rendezvous for peers that were never started
+    # (Ctrl-C while the launcher started them) held the launcher for its whole 120 s grace.
+    stop = StopFlag(armed=False)
     signal.signal(signal.SIGTERM, stop)
-    # The fork server runs with these blocked (`spantrain.runtime.launcher`); one sent since the fork arrives now.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    code, _ = guarded(cfg, rank=rank, world_size=world_size, init_method=f"file://{store_path}", local=True,
-                      stop=stop)
+    try:
+        with stop.exit_when_blocked():
+            # The fork server runs with these blocked (`spantrain.runtime.launcher`); one sent since the fork
+            # arrives now.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+            code, _ = guarded(cfg, rank=rank, world_size=world_size, init_method=f"file://{store_path}",
+                              local=True, stop=stop)
+    except KeyboardInterrupt:  # stopped before training started: nothing to finish or save
+        code = 128 + signal.SIGTERM
     exit_worker(code)
 
 

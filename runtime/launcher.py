@@ -46,6 +46,7 @@ from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
 from typing import Any
 
+from spantrain._interrupt import SignalsHeld
 from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, RunFailed
 from spantrain.runtime import stop_signals
@@ -364,7 +365,12 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
                     _start_fork_server(ctx)
                     with _without_main_fixup():
                         for p in procs:
-                            p.start()
+                            # a start cut off mid-request forked a worker with no pid here to stop (it
+                            # waited for its peers a minute); held, the stop comes once it has one
+                            held = SignalsHeld()
+                            with held:
+                                p.start()
+                            held.deliver()
                 workers_file(run_dir).write_text(json.dumps(
                     {"launcher": os.getpid(), "workers": [{"rank": r, "device": d, "pid": p.pid}
                                                           for r, (d, p) in enumerate(zip(devices, procs))]}) + "\n")

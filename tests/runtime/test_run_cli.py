@@ -196,8 +196,38 @@ def test_ctrl_c_while_the_workers_start_prints_no_traceback_and_leaves_no_proces
     while time.monotonic() < deadline and any(pgid == proc.pid for _, _, pgid, _ in _processes()):
         time.sleep(0.1)
     assert not [cmd for _, _, pgid, cmd in _processes() if pgid == proc.pid]
-    # a worker the fork server forked for the interrupted launcher left at once, writing nothing
-    assert not (tmp_path / "run" / "rendezvous").exists() and not list((tmp_path / "run").glob("logs/*"))
+    # no worker the fork server forked for the interrupted launcher wrote to the run directory after it
+    assert not (tmp_path / "run" / "rendezvous").exists()
+
+
+def test_ctrl_c_while_the_workers_are_started_stops_at_once(tmp_path, monkeypatch):
+    """Ctrl-C while the launcher was starting four workers: the two started waited at the
+    rendezvous for the rest, armed to finish an iteration, and held the launcher for its 120 s
+    grace (and a start cut off mid-request left a worker with no pid to stop)."""
+    import multiprocessing.process
+
+    cluster, model = write_inputs(tmp_path)
+    four = plan("1f1b", "allreduce", [(5, 1, [("a-0", 0, 3), ("b-0", 3, 6)]), (5, 1, [("a-1", 0, 3), ("b-1", 3, 6)])])
+    (tmp_path / "p.json").write_text(json.dumps(four))
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def ctrl_c_at_the_third(self):
+        if self.name == "spantrain-rank2":
+            signal.raise_signal(signal.SIGINT)
+        return real_start(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", ctrl_c_at_the_third)
+    t0 = time.monotonic()
+    code, _, err = spantrain_here("run", "-c", str(cluster), "-m", str(model), "--plan", str(tmp_path / "p.json"),
+                                  "--steps", "100000", "--run-dir", str(tmp_path / "run"), "--checkpoint-dir",
+                                  str(tmp_path / "ckpt"), "--no-progress")
+    took = time.monotonic() - t0
+    assert code == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert took < 30, f"{took:.0f} s"
+    workers = json.loads(workers_file(tmp_path / "run").read_text())["workers"] \
+        if workers_file(tmp_path / "run").exists() else []
+    assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
+    assert not (tmp_path / "run" / "rendezvous").exists()
 
 
 def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
