@@ -26,7 +26,8 @@ from typing import IO
 
 from spantrain.errors import EmulationError
 
-__all__ = ["DeviceResult", "DeviceProcess", "TimedOut", "wait_all", "stop_all", "first_failure", "describe_exit"]
+__all__ = ["DeviceResult", "DeviceProcess", "log_name", "TimedOut", "wait_all", "stop_all", "first_failure",
+           "describe_exit"]
 
 _KEEP_LINES = 5000
 _GRACE_S = 5.0
@@ -123,6 +124,12 @@ def _prctl():
         return None
 
 
+def log_name(device_id: str) -> str:
+    """The file name of a device's log: ``<id>.log``, with ``%``, ``/`` and NUL written ``%25``,
+    ``%2F`` and ``%00`` (an id ``../../x`` wrote ``x.log`` two directories above the log directory)."""
+    return device_id.replace("%", "%25").replace("/", "%2F").replace("\0", "%00") + ".log"
+
+
 class DeviceProcess:
     """One device's command, running."""
 
@@ -130,7 +137,7 @@ class DeviceProcess:
                  netns: str | None, cgroup: Path | None, echo: bool, log_dir: Path | None):
         self.rank, self.device_id = rank, device_id
         argv = ["ip", "netns", "exec", netns, *command] if netns else list(command)
-        self._log = open(log_dir / f"{device_id}.log", "w") if log_dir else None  # noqa: SIM115 (closed in finish)
+        self._log = open(log_dir / log_name(device_id), "w") if log_dir else None  # noqa: SIM115 (closed in finish)
         self.started = time.monotonic()
         self.ended: float | None = None
         self.stopped = False

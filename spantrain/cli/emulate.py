@@ -32,7 +32,8 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-gbps", type=float, default=1.0, metavar="G",
                    help="cap on emulated bandwidth, Gbit/s (default 1: what veth carries on a few shared cores)")
     p.add_argument("--no-cpu-limits", action="store_true", help="do not put devices under CPU quotas")
-    p.add_argument("--log-dir", metavar="DIR", help="also write each device's output to DIR/<device>.log")
+    p.add_argument("--log-dir", metavar="DIR",
+                   help="also write each device's output to DIR/<device>.log (a / in an id written %%2F)")
     p.add_argument("--quiet", action="store_true", help="do not relay the devices' output (use with --log-dir)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop every device after S seconds (exit code 124)")
     p.add_argument("--cleanup", action="store_true",

@@ -559,3 +559,18 @@ def _alive(pid: int) -> bool:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_device_logs_stay_in_the_log_directory_whatever_the_ids(run_cli, tmp_path):
+    # an id "../../escape" wrote escape.log two directories above --log-dir; "a/b" failed: no directory a
+    spec = {"name": "odd", "devices": [{"id": "../../escape", "region": "r", "tflops": 1, "memory_gb": 1},
+                                       {"id": "a/b%", "region": "r", "tflops": 1, "memory_gb": 1}],
+            "network": {"regions": {"r": {"gbps": 1, "latency_ms": 1}}}}
+    (tmp_path / "odd.json").write_text(json.dumps(spec))
+    logs = tmp_path / "x" / "y" / "logs"
+    code, _, err = run_cli("emulate", "-c", tmp_path / "odd.json", "--mode", "local", "--no-cpu-limits", "--log-dir",
+                           logs, "--", sys.executable, "-c", "print('hello')")
+    assert code == 0, err
+    assert sorted(p.name for p in logs.iterdir()) == ["..%2F..%2Fescape.log", "a%2Fb%25.log"]
+    assert all("hello" in p.read_text() for p in logs.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.json", "x"]
