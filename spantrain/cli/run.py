@@ -187,6 +187,25 @@ def _check_paths(args: argparse.Namespace) -> None:
         _check_not_one_checkpoint(Path(args.checkpoint_dir))
     if args.metrics and Path(args.metrics).is_dir():
         raise ExecutionError(f"--metrics {args.metrics} is a directory: pass a file path")
+    if args.metrics:
+        _check_metrics_is_no_other_file(args)
+
+
+def _check_metrics_is_no_other_file(args: argparse.Namespace) -> None:
+    """--metrics naming the run directory (not made yet: "Is a directory" from a worker) or a file the
+    run reads (refused as "another run's metrics ... continue that run with --resume")."""
+    metrics = Path(args.metrics)
+    for flag, path in (("--run-dir", args.run_dir), ("--checkpoint-dir", args.checkpoint_dir)):
+        if path and metrics.resolve() == Path(path).resolve():
+            raise ExecutionError(f"--metrics {args.metrics} is the {flag} directory: pass a file path (by default "
+                                 "the metrics go to RUN_DIR/metrics.jsonl)")
+    reads = {"--cluster": args.cluster, "--model": args.model, "--plan": args.plan, "--data": args.data,
+             "--calibration": args.calibration, "--rank-map": args.rank_map,
+             "--emulate-network": args.emulate_network}
+    for flag, path in reads.items():
+        if path and metrics.is_file() and Path(path).is_file() and metrics.samefile(path):
+            raise ExecutionError(f"--metrics {args.metrics} is the file {flag} reads: pass another file for the "
+                                 "metrics")
 
 
 def _check_not_one_checkpoint(path: Path) -> None:
