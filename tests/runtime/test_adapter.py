@@ -157,6 +157,17 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     assert [e["event"] for e in events if e.get("event") in ("start", "end", "adapt")] == [
         "start", "end", "adapt", "start", "end"]
     assert first["final_step"] in [e["step"] for e in events if e.get("event") == "checkpoint"]
+    # the same command resumed goes on on the plan adaptation chose (it went back to --plan's, 17x
+    # slower on the cluster it had switched for, and never re-planned)
+    args = _run_args(tmp_path, "adapt", steps + 2, "--checkpoint-dir", str(tmp_path / "ckpt"), "--adapt",
+                     "--adapt-planner", "heuristic", "--resume", "--keep-checkpoints", "10")
+    cluster.write_text(json.dumps(SLOW_WAN))  # as the first run left it (_run_args wrote the original)
+    code, out, err = spantrain_here(*args)
+    assert code == 0, err
+    assert f"--adapt: resuming on the plan checkpoint step-{steps:08d} was trained on" in err, err
+    resumed = json.loads(out)
+    assert resumed["start_step"] == steps and resumed["world_size"] == len(Plan.from_dict(second["plan"]).devices)
+    assert "resuming on another plan" not in err
 
 
 @pytest.mark.slow
