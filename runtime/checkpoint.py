@@ -9,7 +9,8 @@ Layout of a checkpoint directory ``ROOT``::
         meta.json                model architecture and per-layer parameter counts (checked on resume)
         plan.json                the plan to continue on, as a plan file (``--plan`` to resume on it): the
                                  one it was trained on, or at an ``--adapt`` switch the one switched to
-    ROOT/.tmp-step-00000042/     a checkpoint being written (ignored; the next save removes any left by a crash)
+    ROOT/.tmp-step-00000042/     a checkpoint being written (ignored; one a crash left goes when the
+                                 run ends, or at the next save)
 
 Because keys name layers, any plan can load any checkpoint of the same model: each rank
 asks for the layers it holds now. Replicas of a layer hold identical values at checkpoint
@@ -36,7 +37,7 @@ from spantrain._spec import shown
 from spantrain.errors import ExecutionError, RunFailed
 
 __all__ = ["FORMAT", "PLAN_FILE", "latest_checkpoint", "damaged", "read_json", "model_meta", "check_meta",
-           "restore_rng", "Checkpointer", "read_tensors"]
+           "restore_rng", "Checkpointer", "read_tensors", "remove_partial_saves"]
 
 FORMAT = 1
 _LATEST = "latest"
@@ -166,6 +167,15 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def remove_partial_saves(root: str | Path) -> None:
+    """Remove the checkpoints a crash or a kill left half-written in `root` (``.tmp-step-N``, a
+    model's size each), once no worker is left writing: the next save removed them, but a run
+    never resumed kept them for good. A swapped-out ``.old-step-N`` may be the only copy of its
+    step (killed between the two renames): it stays for the next save."""
+    for partial in Path(root).glob(".tmp-step-*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 class Checkpointer:

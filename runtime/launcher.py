@@ -51,7 +51,7 @@ from spantrain._spec import write_text_atomic
 from spantrain.errors import ExecutionError, RunFailed
 from spantrain.runtime import stop_signals
 from spantrain.runtime.adapter import Adapter, ClusterFile, StopTimedOut
-from spantrain.runtime.checkpoint import latest_checkpoint
+from spantrain.runtime.checkpoint import latest_checkpoint, remove_partial_saves
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.emulator.launch import describe_exit
 from spantrain.runtime.entry import EXIT_REFUSED, error_file, local_entry
@@ -387,6 +387,8 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
             if p.pid is not None and p.exitcode is None:
                 p.kill()
                 p.join(5.0)
+        if cfg.checkpoint_dir:  # no worker is left writing one
+            remove_partial_saves(cfg.checkpoint_dir)
         store.unlink(missing_ok=True)  # gloo removes it when every rank closed it, not when one was slow to
         watcher.poll()
         watcher.close()
@@ -547,6 +549,8 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     except EmulationError as e:
         raise ExecutionError(f"emulated run: {e}") from None
     finally:
+        if cfg.checkpoint_dir:  # the emulator stopped every device: no worker is left writing one
+            remove_partial_saves(cfg.checkpoint_dir)
         watcher.poll()
         watcher.close()
     if stalled:

@@ -227,6 +227,28 @@ def test_a_worker_error_is_reported_in_one_line(tmp_path):
     assert "continue with --resume" not in line
 
 
+def test_a_failed_run_leaves_no_half_written_checkpoint(tmp_path):
+    """A crash during a save left `.tmp-step-N` (a model's size) until the next save, which a run
+    never resumed never makes; the launcher removes it once no worker is left writing."""
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    (ckpt / ".tmp-step-00000007").mkdir(parents=True)  # what a kill during the save of step 7 left
+    (ckpt / ".tmp-step-00000007" / "__0_0.distcp").write_bytes(b"x" * 1000)
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--checkpoint-dir",
+                     str(ckpt), "--run-dir", str(run_dir))
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
+                  if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
+        os.kill(json.loads(workers_file(run_dir).read_text())["workers"][1]["pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _one_error_line(proc.returncode, out, err, expected=1)
+    assert not list(ckpt.glob(".tmp-step-*"))
+
+
 @pytest.mark.slow
 def test_frozen_worker_is_named_and_the_run_ends_within_the_timeout(tmp_path):
     """A worker that stops answering (SIGSTOP: alive, silent) must not hang the run."""
