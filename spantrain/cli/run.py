@@ -591,17 +591,19 @@ def _run(args: argparse.Namespace) -> int:
     else:
         world = len(plan.devices)
         cores = cpu_cores()
-        if world > cores and not (args.emulate or on_gpus):
-            _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
-                  "are those of shared cores, not of separate devices")
-        elif args.threads and args.threads > 1 and args.threads * world > cores:
-            default = threads_per_rank(world)  # what the workers take without --threads
-            _note(f"--threads {args.threads} x {plural(world, 'worker')} is {args.threads * world} threads on "
-                  f"{cores} CPU cores: they will wait for each other (leave --threads out to give each worker "
-                  f"cores / workers = {plural(default, 'thread')})")
-        if args.measure_links and not args.emulate:
-            _note("--measure-links measures nothing in a plain local run (its workers share this machine's "
-                  "loopback, not the spec's links): add --emulate, or run under torchrun")
+
+        def machine_notes() -> None:  # once the run is sure to start: not above a refusal of its directories
+            if world > cores and not (args.emulate or on_gpus):
+                _note(f"{world} worker processes share {cores} CPU cores: the run works, but iteration times "
+                      "are those of shared cores, not of separate devices")
+            elif args.threads and args.threads > 1 and args.threads * world > cores:
+                default = threads_per_rank(world)  # what the workers take without --threads
+                _note(f"--threads {args.threads} x {plural(world, 'worker')} is {args.threads * world} threads on "
+                      f"{cores} CPU cores: they will wait for each other (leave --threads out to give each worker "
+                      f"cores / workers = {plural(default, 'thread')})")
+            if args.measure_links and not args.emulate:
+                _note("--measure-links measures nothing in a plain local run (its workers share this machine's "
+                      "loopback, not the spec's links): add --emulate, or run under torchrun")
         from spantrain.runtime.launcher import check_emulated, launch_emulated, launch_local, run_dir_lock
 
         show = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -621,6 +623,7 @@ def _run(args: argparse.Namespace) -> int:
             if args.checkpoint_dir and Path(args.checkpoint_dir).resolve() != run_dir:
                 owned.enter_context(run_dir_lock(Path(args.checkpoint_dir).resolve(), "--checkpoint-dir"))
             owned.enter_context(run_dir_lock(run_dir))
+            machine_notes()
             try:
                 if args.adapt:
                     from tqdm import tqdm

@@ -251,8 +251,9 @@ def test_a_second_run_on_the_same_run_dir_is_refused_while_the_first_runs(tmp_pa
                                                         f"another spantrain run (pid {first.pid})"), err
         assert first.poll() is None and workers_file(run_dir).read_text() == started  # the first runs on untouched
         # another run directory, but the first run's checkpoint directory: its checkpoints would mix in
+        # (and no note on its threads above the refusal: it printed one)
         code, out, err = spantrain_here(*second[:-3], "--run-dir", str(tmp_path / "other"), "--checkpoint-dir",
-                                        str(ckpt), "--json")
+                                        str(ckpt), "--json", "--threads", "256")
         assert code == 2 and out == "", err
         assert err.count("\n") == 1 and err.startswith(f"spantrain run: error: --checkpoint-dir {ckpt} is in use by "
                                                         f"another spantrain run (pid {first.pid})"), err
