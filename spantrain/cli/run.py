@@ -648,14 +648,36 @@ def _run(args: argparse.Namespace) -> int:
                     raise
                 # Killed before they got there (Ctrl-C twice): what is left to continue from.
                 latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
+                done = _last_iteration(metrics_path)
+                lost = "" if latest or not done else (
+                    f" (the {plural(done, 'iteration')} trained {'is' if done == 1 else 'are'} lost"
+                    + ("" if args.checkpoint_dir else ": --checkpoint-dir DIR keeps a run's progress") + ")")
                 raise KeyboardInterrupt(f"{e}{' ' if str(e) else ''}before the workers finished; " + (
-                    f"last checkpoint: {latest} (continue with --resume)" if latest else "no checkpoint was written")
-                ) from None
+                    f"last checkpoint: {latest} (continue with --resume)" if latest
+                    else f"no checkpoint was written{lost}")) from None
         result["cpu_cores"] = cores
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)
     _report(result, args.json, args.lr)
     return 0
+
+
+def _last_iteration(metrics: Path) -> int | None:
+    """The last iteration a metrics file records (its tail is read: a long run's file is large)."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a line cut by the tail's start, or by the kill
+            continue
+        if isinstance(rec, dict) and "loss" in rec and isinstance(rec.get("step"), int):
+            return rec["step"]
+    return None
 
 
 def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None):

@@ -152,12 +152,15 @@ def test_sigterm_or_sighup_stops_like_ctrl_c(tmp_path, sig, group):
     assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
 
 
-def test_ctrl_c_twice_kills_the_workers_and_names_the_checkpoint_left(tmp_path):
+@pytest.mark.parametrize("periodic", [True, False], ids=["checkpointed", "no-checkpoint-yet"])
+def test_ctrl_c_twice_kills_the_workers_and_names_the_checkpoint_left(tmp_path, periodic):
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    proc = _start_run(tmp_path, run_dir, ckpt, "--checkpoint-every", "2")
+    proc = _start_run(tmp_path, run_dir, ckpt, *(["--checkpoint-every", "2"] if periodic else []))
+    metrics = run_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (ckpt / "latest").exists():
+        while time.monotonic() < deadline and not ((ckpt / "latest").exists() if periodic else
+                                                   metrics.exists() and '"loss"' in metrics.read_text()):
             time.sleep(0.1)
         workers = json.loads(workers_file(run_dir).read_text())["workers"]
         os.kill(workers[1]["pid"], signal.SIGSTOP)  # cannot finish its iteration: only the second Ctrl-C ends it
@@ -169,9 +172,15 @@ def test_ctrl_c_twice_kills_the_workers_and_names_the_checkpoint_left(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and out == "", err
-    latest = ckpt / (ckpt / "latest").read_text().strip()
-    assert err.strip().splitlines()[-1] == ("spantrain run: interrupted before the workers finished; last checkpoint: "
-                                            f"{latest} (continue with --resume)"), err
+    if periodic:
+        latest = ckpt / (ckpt / "latest").read_text().strip()
+        assert err.strip().splitlines()[-1] == ("spantrain run: interrupted before the workers finished; last "
+                                                f"checkpoint: {latest} (continue with --resume)"), err
+    else:  # it said "no checkpoint was written", not that the iterations trained were lost
+        done = max(json.loads(x)["step"] for x in metrics.read_text().splitlines() if '"loss"' in x)
+        assert err.strip().splitlines()[-1] == ("spantrain run: interrupted before the workers finished; no checkpoint "
+                                                f"was written (the {done} iteration{'s' if done > 1 else ''} trained "
+                                                f"{'are' if done > 1 else 'is'} lost)"), err
     assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
 
 
