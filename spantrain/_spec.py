@@ -42,6 +42,13 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     """Parse a YAML or JSON file (by suffix; YAML otherwise) or raise `error` in one line."""
     p = Path(path)
     if not p.exists():
+        if p.is_symlink():  # exists() follows it: a loop, or a link whose target is missing, said as such
+            try:
+                p.resolve(strict=True)
+            except FileNotFoundError:
+                raise error(f"{p}: is a symbolic link to {os.readlink(p)}, which does not exist") from None
+            except (OSError, RuntimeError):  # RuntimeError: Python 3.11's "Symlink loop"
+                raise error(f"{p}: cannot be read (a loop of symbolic links)") from None
         raise error(f"{p}: file not found")
     if p.is_dir():
         raise error(f"{p}: is a directory, expected a file")

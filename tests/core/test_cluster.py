@@ -179,6 +179,14 @@ def test_a_duplicate_id_is_reported_with_the_entrys_other_problems(demo_spec, en
 def test_file_errors_are_one_line(tmp_path):
     with pytest.raises(SpecError, match="file not found"):
         Cluster.from_file(tmp_path / "missing.yaml")
+    # both were "file not found", naming a file that is there
+    (tmp_path / "loop-a.yaml").symlink_to(tmp_path / "loop-b.yaml")
+    (tmp_path / "loop-b.yaml").symlink_to(tmp_path / "loop-a.yaml")
+    with pytest.raises(SpecError, match=r"loop-a.yaml: cannot be read \(a loop of symbolic links\)$"):
+        Cluster.from_file(tmp_path / "loop-a.yaml")
+    (tmp_path / "link.yaml").symlink_to("gone.yaml")
+    with pytest.raises(SpecError, match=r"link.yaml: is a symbolic link to gone.yaml, which does not exist$"):
+        Cluster.from_file(tmp_path / "link.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("devices: [\n  {id: a,\n")
     with pytest.raises(SpecError, match="YAML syntax error at line"):
