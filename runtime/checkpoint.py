@@ -100,6 +100,9 @@ def check_meta(path: Path, workload: Any) -> dict[str, Any]:
     """Refuse a checkpoint written for another model (one clear line); return its train state."""
     meta = read_json(path / "meta.json")
     want = model_meta(workload)
+    if not isinstance(meta.get("format"), int) or isinstance(meta.get("format"), bool):  # no version wrote that
+        raise ExecutionError(f"checkpoint file {path / 'meta.json'} is damaged (its format is "
+                             f"{shown(meta.get('format'))}); {damaged(path)}")
     if meta.get("format") != FORMAT:
         raise ExecutionError(f"checkpoint {path} has format {shown(meta.get('format'))}, this version reads {FORMAT}")
     if meta.get("arch") != want["arch"] or meta.get("layer_params") != want["layer_params"]:

@@ -156,6 +156,13 @@ def test_a_damaged_checkpoint_is_named_with_what_to_do(tmp_path, state, problem)
     (tmp_path / "step-00000002" / "meta.json").write_text("")
     with pytest.raises(ExecutionError, match=f"; delete {tmp_path} to start over$"):
         check_meta(tmp_path / "step-00000002", workload())
+    # it said "has format None, this version reads 1", as if another version had written it
+    (tmp_path / "step-00000004" / "meta.json").write_text("{}")
+    with pytest.raises(ExecutionError) as e:
+        check_meta(tmp_path / "step-00000004", workload())
+    assert str(e.value) == (f"checkpoint file {tmp_path / 'step-00000004' / 'meta.json'} is damaged (its format is "
+                            f"None); delete {tmp_path / 'step-00000004'} to --resume from step-00000002, the "
+                            "checkpoint before it")
 
 
 def test_summary_uses_medians_after_warmup():
