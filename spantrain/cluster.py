@@ -604,6 +604,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
                 problems.append(f"{where}: unknown device {shown(x)}")
         if pair[0] == pair[1]:
             problems.append(f"{where}: a device pair needs two different devices")
+            continue  # no link to check further (its two directions are one pair, "already set" by itself)
         # given twice, the last one silently won
         for a, b in [tuple(pair)] if directed else [tuple(pair), tuple(pair[::-1])]:
             if (a, b) in first_given:

@@ -92,6 +92,11 @@ def test_a_device_pair_given_twice_is_refused(demo_spec, second):
     with pytest.raises(SpecError, match=re.escape(f"{where}: the link from ") + ".* is already set by "
                        + re.escape("network.overrides[0]: give each device pair once")):
         Cluster.from_spec(spec)
+    # a device with itself: that problem alone (it also said the link was "already set" by itself)
+    spec["network"]["overrides"] = [{"between": ["cloud-0", "cloud-0"], "gbps": 7, "latency_ms": 3}]
+    with pytest.raises(SpecError) as e:
+        Cluster.from_spec(spec)
+    assert str(e.value).endswith("network.overrides[0]: a device pair needs two different devices"), str(e.value)
     # one override per direction is how a one-way link is written
     spec["network"]["overrides"] = [{"from": "cloud-0", "to": "cloud-1", "gbps": 7, "latency_ms": 3},
                                     {"from": "cloud-1", "to": "cloud-0", "gbps": 9, "latency_ms": 3}]
