@@ -8,6 +8,7 @@ left to train) is caught here with one clear line.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,21 @@ from spantrain.plan import Plan
 from spantrain.workload import Architecture, Workload
 
 __all__ = ["require_arch", "check_run", "check_memory", "resume_state", "cpu_cores", "threads_per_rank",
-           "available_memory_bytes"]
+           "available_memory_bytes", "visible_gpus"]
+
+_GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+"""What an NVIDIA or AMD (ROCm) driver puts on a Linux host; without any of them CUDA sees no GPU."""
+
+
+def visible_gpus() -> int:
+    """`spantrain.runtime.transport.visible_gpus`, without importing torch (a second of the
+    launcher's start-up, and again at its exit) on a Linux host that has no GPU driver."""
+    if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in _GPU_DRIVERS):
+        return 0
+    from spantrain.runtime.transport import visible_gpus as from_torch
+
+    return from_torch()
+
 
 
 def require_arch(workload: Workload) -> Architecture:

@@ -440,8 +440,14 @@ def _run(args: argparse.Namespace) -> int:
     from spantrain.runtime.checkpoint import latest_checkpoint
     from spantrain.runtime.config import OptimConfig, RunConfig
     from spantrain.runtime.prediction import calibration_name, comparable, default_calibration, predicted_step_s
-    from spantrain.runtime.preflight import check_memory, check_run, cpu_cores, resume_state, threads_per_rank
-    from spantrain.runtime.transport import visible_gpus
+    from spantrain.runtime.preflight import (
+        check_memory,
+        check_run,
+        cpu_cores,
+        resume_state,
+        threads_per_rank,
+        visible_gpus,
+    )
     from spantrain.tracking import wandb_run_id
 
     _check_numbers(args)

@@ -158,7 +158,25 @@ def test_a_local_run_on_this_machines_gpus_is_not_held_to_its_host_memory(tmp_pa
     args = ["run", "--cluster", str(cluster), "--model", str(model), "--plan", str(plan_file), "--steps", "1",
             "--run-dir", str(tmp_path / "run")]
     for count in (0, 8):
-        monkeypatch.setattr(transport_module, "visible_gpus", lambda count=count: count)
+        monkeypatch.setattr(preflight, "visible_gpus", lambda count=count: count)
         code, _, err = spantrain_here(*args)
         assert code == 130, err
     assert seen == [True, False]  # GPU memory is not the host's RAM
+
+
+def test_the_launcher_counts_no_gpus_without_importing_torch_where_no_gpu_driver_is_loaded(monkeypatch):
+    import subprocess
+    import sys
+
+    from spantrain.runtime import preflight
+
+    # importing torch was a second of every local run's start-up, and more at its exit
+    code = ("import sys; from spantrain.runtime.preflight import visible_gpus; "
+            "print(visible_gpus(), 'torch' in sys.modules)")
+    if any(preflight.os.path.exists(p) for p in preflight._GPU_DRIVERS):
+        pytest.skip("this host has a GPU driver: CUDA is asked")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == ["0", "False"], out
+    monkeypatch.setattr(preflight.os.path, "exists", lambda p: p == "/dev/nvidiactl")  # a driver: torch decides
+    monkeypatch.setattr(transport_module, "visible_gpus", lambda: 3)
+    assert preflight.visible_gpus() == 3
