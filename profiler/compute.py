@@ -28,7 +28,8 @@ from spantrain.cluster import LayerTimes
 from spantrain.errors import WorkloadError
 from spantrain.workload import Workload
 
-__all__ = ["ComputeProfile", "default_micro_batch", "measure_compute", "layer_flops"]
+__all__ = ["ComputeProfile", "default_micro_batch", "measure_compute", "layer_flops", "timed_layers",
+           "check_layers_fit", "cpu_free_bytes"]
 
 _MIN_SEQ = 16
 _MIN_REPS, _MAX_REPS = 3, 10_000
@@ -102,21 +103,32 @@ def _choose_shape(workload: Workload, micro_batch: int, rate: float, budget_s: f
             seq = max(_MIN_SEQ, seq // 2)
 
 
-def _check_layers_fit(torch, workload: Workload, indices: tuple[int, ...], device, dtype) -> None:
-    """`WorkloadError` when a layer to time cannot be held with its gradients on `device`: torch's
-    allocator failed with a traceback asking for terabytes."""
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    size = torch.tensor([], dtype=dtype).element_size()
-    for i in sorted(set(indices)):
-        need = 2 * workload.layers[i].params * size  # weights and their gradients, activations aside
-        if need > free:
+def timed_layers(workload: Workload) -> tuple[int, ...]:
+    """The layers `measure_compute` times: the embedding, the first block and the head."""
+    return tuple(sorted({0, 1, workload.num_layers - 1}))
+
+
+def check_layers_fit(workload: Workload, free_bytes: int, element_size: int = 4) -> None:
+    """`WorkloadError` when a timed layer cannot be held with its gradients in `free_bytes`:
+    torch's allocator failed with a traceback asking for terabytes (the default element size is
+    fp32's, a CPU device's)."""
+    for i in timed_layers(workload):
+        need = 2 * workload.layers[i].params * element_size  # weights and their gradients, activations aside
+        if need > free_bytes:
             raise WorkloadError(f"layer {i} of {workload.name} has {workload.layers[i].params:,} parameters "
                                 f"({need / 2**30:,.1f} GB with their gradients), more than this device has free "
-                                f"({free / 2**30:,.1f} GB): it cannot be timed here; profile a model whose layers "
-                                "fit (--model)")
+                                f"({free_bytes / 2**30:,.1f} GB): it cannot be timed here; profile a model whose "
+                                "layers fit (--model)")
+
+
+def cpu_free_bytes() -> int:
+    """Memory free on this machine (what a CPU device's layers are held in)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _check_layers_fit(torch, workload: Workload, device, dtype) -> None:
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else cpu_free_bytes()
+    check_layers_fit(workload, free, torch.tensor([], dtype=dtype).element_size())
 
 
 def _sync(torch, device) -> None:
@@ -194,7 +206,7 @@ def measure_compute(workload: Workload, *, micro_batch: int | None = None, budge
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
     torch.manual_seed(0)
 
-    _check_layers_fit(torch, workload, (0, 1, workload.num_layers - 1), device, dtype)
+    _check_layers_fit(torch, workload, device, dtype)
     t_start = time.perf_counter()
     rate = _probe_flops_per_s(torch, device, dtype)
     batch, seq = _choose_shape(workload, mb, rate, budget_s)

@@ -90,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _profile_here(args, workload, distributed=True)
     if args.cluster:
+        from spantrain.profiler.compute import check_layers_fit, cpu_free_bytes
+
+        # the emulated devices are this machine's CPU: a model they cannot hold is refused before the
+        # emulator starts (each device, then this command, said so after its banner)
+        check_layers_fit(workload, cpu_free_bytes())
         return _profile_emulated(args)
     return _profile_here(args, workload, distributed=False)
 

@@ -106,6 +106,22 @@ def test_a_layer_too_large_to_hold_is_refused_before_torch_tries():
         compute.measure_compute(w, micro_batch=2, budget_s=1.0)
 
 
+def test_an_emulated_profile_of_layers_too_large_is_refused_before_the_emulator_starts(run_cli, tmp_path):
+    # it printed the emulator's banner, then the same error from every device and from the command
+    import json
+
+    arch = {"family": "gpt2", "vocab_size": 256, "d_model": 1024, "n_layers": 2, "n_heads": 2, "d_ff": 2**24,
+            "max_seq_len": 32}
+    (tmp_path / "huge.json").write_text(json.dumps({"name": "huge-mlp", "global_batch": 8, "seq_len": 32,
+                                                    "architecture": arch}))
+    spec = {"name": "two", "devices": [{"id": "a", "count": 2, "region": "r", "tflops": 1, "memory_gb": 8}],
+            "network": {"regions": {"r": {"gbps": 1, "latency_ms": 1}}}}
+    (tmp_path / "two.json").write_text(json.dumps(spec))
+    code, out, err = run_cli("profile", "--cluster", tmp_path / "two.json", "--model", tmp_path / "huge.json")
+    assert code == 2 and out == "", err
+    assert err.count("\n") == 1 and err.startswith("spantrain profile: error: layer 1 of huge-mlp has "), err
+
+
 def test_compute_times_every_layer_of_the_workload():
     w = Workload.from_preset("tiny-gpt")
     cp = compute.measure_compute(w, micro_batch=2, budget_s=1.0)
