@@ -237,6 +237,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             try:
                 result = launch(cfg, adapter)
             except KeyboardInterrupt:
+                if adapter.pending is not None:  # decided, never made: the run stopped first
+                    adapter.records[-1]["interrupted"] = True
                 # the workers stopped and wrote their plan's result: the one the command reports is the whole run's
                 partial = Path(cfg.run_dir) / "result.json"
                 if partial.exists():

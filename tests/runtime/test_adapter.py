@@ -88,6 +88,28 @@ def test_adapter_keeps_switches_and_survives_a_failed_replan(tmp_path):
     assert adapter.take_switch() is None
 
 
+def test_a_switch_cut_off_by_ctrl_c_is_recorded_as_never_made(tmp_path):
+    # its adapt event said "switch": true, with no switched_at, as if the plan had changed
+    from spantrain.runtime.adapter import run_adapting
+    from spantrain.runtime.config import RunConfig
+
+    path, adapter, _ = _adapter(tmp_path, lambda running, cluster, remaining: Decision(
+        switch=True, plan=SINGLE, record={"chosen": "heuristic"}, summary="switching"))
+    _, model = write_inputs(tmp_path)
+    cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=20,
+                    run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "m.jsonl"))
+
+    def launch(cfg, adapter):
+        rewrite(path, SLOW_WAN)
+        assert adapter.check(3) is True  # the workers are asked to stop for the switch...
+        raise KeyboardInterrupt  # ...and Ctrl-C comes first
+
+    with pytest.raises(KeyboardInterrupt):
+        run_adapting(cfg, launch, adapter)
+    (event,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert event["event"] == "adapt" and event["switch"] and event["interrupted"] and "switched_at" not in event
+
+
 def test_no_decision_when_nothing_is_left_to_run(tmp_path):
     path, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("replanned with no iteration left"), steps=10)
     rewrite(path, SLOW_WAN)
