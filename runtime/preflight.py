@@ -34,7 +34,6 @@ def visible_gpus() -> int:
     return from_torch()
 
 
-
 def require_arch(workload: Workload) -> Architecture:
     """The workload's architecture, or a clear error: the runtime cannot build a model without one."""
     if workload.arch is None:

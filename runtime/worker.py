@@ -469,13 +469,9 @@ def guarded(cfg: RunConfig, *, rank: int, world_size: int, init_method: str | No
     except SpantrainError as e:
         _record_error(cfg, rank, str(e))
         return EXIT_REFUSED, None
-    except KeyboardInterrupt:
-        if stop is not None and not stop.armed:  # the stop flag's: asked to stop before training started
-            raise
-        traceback.print_exc()
-        _record_error(cfg, rank, "KeyboardInterrupt")
-        return EXIT_ERROR, None
     except BaseException as e:  # a worker reports whatever ends it (DCP raises BaseExceptions)
+        if isinstance(e, KeyboardInterrupt) and stop is not None and not stop.armed:
+            raise  # the stop flag's: asked to stop before training started
         traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         _record_error(cfg, rank, f"{type(e).__name__}: {first}" if first else type(e).__name__)

@@ -41,20 +41,21 @@ def wandb_mode() -> str:
     return "online" if _netrc_login() else "offline"
 
 
-def check_environment() -> None:
+def check_environment() -> str:
     """Refuse now, in one line naming it, a ``WANDB_*`` variable wandb would refuse when the run
     starts (there: a traceback, or a worker that fails after every other one started). An empty
     one counts as unset, as it does for wandb's own checks of `WANDB_MODE` here, but not in
-    wandb itself, which refused ``WANDB_MODE=`` as a mode."""
+    wandb itself, which refused ``WANDB_MODE=`` as a mode. Returns the mode (`wandb_mode`)."""
     for key in [k for k, v in os.environ.items() if k.startswith("WANDB_") and not v.strip()]:
         del os.environ[key]
-    wandb_mode()
+    mode = wandb_mode()
     import wandb
 
     try:
         wandb.Settings().update_from_env_vars(dict(os.environ))
     except Exception as e:  # pydantic's ValidationError, wandb's UsageError: wandb's errors for its settings
         raise SpantrainError(_refused_setting(e)) from None
+    return mode
 
 
 def _refused_setting(e: Exception) -> str:
@@ -132,8 +133,7 @@ class Tracker:
             return
         import wandb
 
-        check_environment()
-        mode = wandb_mode()
+        mode = check_environment()
         out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
         out.mkdir(parents=True, exist_ok=True)
         # wandb stages a copy of every table and image it logs under WANDB_DATA_DIR (default

@@ -16,6 +16,7 @@ emulates latency *and* bandwidth (`delay_before_send` adds ``nbytes / bandwidth`
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import os
 import shutil
@@ -42,7 +43,6 @@ __all__ = ["EmulatedCluster", "MODES"]
 
 MODES = ("auto", "netns", "local")
 """auto: namespaces when possible, else local processes; netns: namespaces or an error; local: never."""
-_UNPROBED = object()
 
 
 def _stderr(msg: str) -> None:
@@ -97,7 +97,6 @@ class EmulatedCluster:
         self.period_us = [cpu.period_us(x) for x in self.shares]
         """CFS period of each emulated device (rank order)."""
         self._old_handlers: dict[int, object] = {}
-        self._netns_reason: str | object | None = _UNPROBED
 
     # ---- life cycle ------------------------------------------------------------------------------
 
@@ -114,14 +113,13 @@ class EmulatedCluster:
         that writes files of its own first (a training run's directory) checks before it does."""
         if self.want_cpu_limits and cpu.unavailable_reason() is None:
             cpu.check_shares(self.cluster.ids, self.shares, self.cores, self.options)
-        if self.requested_mode != "local" and self._netns_unavailable() is None:
+        if self.requested_mode != "local" and self._netns_unavailable is None:
             shaping.check_rates(self.cluster, self.limits, self.options)  # the user's to fix: no reason to fall back
 
+    @functools.cached_property
     def _netns_unavailable(self) -> str | None:
         """`netns.unavailable_reason`, probed once per emulated cluster (it makes a namespace)."""
-        if self._netns_reason is _UNPROBED:
-            self._netns_reason = netns.unavailable_reason()
-        return self._netns_reason
+        return netns.unavailable_reason()
 
     def setup(self) -> EmulatedCluster:
         if self.names is not None:
@@ -303,7 +301,7 @@ class EmulatedCluster:
     def _setup_network(self) -> str:
         if self.requested_mode == "local":
             return "local"
-        reason = self._netns_unavailable()
+        reason = self._netns_unavailable
         if reason is None:
             try:
                 self._build_namespaces()

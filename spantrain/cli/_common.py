@@ -143,6 +143,15 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
             raise SpantrainError(f"{flag} {p}: {e.strerror}") from None
 
 
+def file_read_by(path: str | Path, reads: dict[str, str | None]) -> str | None:
+    """The option of `reads` (option -> path) that reads the existing file `path`, if one does."""
+    p = Path(path)
+    for option, read in reads.items():
+        if read and p.is_file() and Path(read).is_file() and p.samefile(read):
+            return option
+    return None
+
+
 def check_output_file(path: str, option: str, fix: str = "give a file name", *,
                       reads: dict[str, str | None] | None = None) -> None:
     """An output file option, refused in one line (`SpantrainError`) before any work when it
@@ -160,9 +169,9 @@ def check_output_file(path: str, option: str, fix: str = "give a file name", *,
         raise SpantrainError(f"{option} {path}: is a directory; {fix}")
     if p.exists() and not p.is_file():
         return  # a device or a pipe: written into as it is
-    for source, read in (reads or {}).items():
-        if read and p.is_file() and Path(read).is_file() and p.samefile(read):
-            raise SpantrainError(f"{option} {path}: is the file {source} reads; write the output to another file")
+    source = file_read_by(p, reads or {})
+    if source:
+        raise SpantrainError(f"{option} {path}: is the file {source} reads; write the output to another file")
     if not p.parent.is_dir():
         what = "is not a directory" if p.parent.exists() else "does not exist (create it first)"
         raise SpantrainError(f"{option} {path}: {str(p.parent)!r} {what}")

@@ -30,6 +30,7 @@ from spantrain.cli._common import (
     check_dir_option,
     check_finite,
     check_seed,
+    file_read_by,
     load_calibration,
     load_cluster,
     load_model,
@@ -202,10 +203,9 @@ def _check_metrics_is_no_other_file(args: argparse.Namespace) -> None:
     reads = {"--cluster": args.cluster, "--model": args.model, "--plan": args.plan, "--data": args.data,
              "--calibration": args.calibration, "--rank-map": args.rank_map,
              "--emulate-network": args.emulate_network}
-    for flag, path in reads.items():
-        if path and metrics.is_file() and Path(path).is_file() and metrics.samefile(path):
-            raise ExecutionError(f"--metrics {args.metrics} is the file {flag} reads: pass another file for the "
-                                 "metrics")
+    flag = file_read_by(metrics, reads)
+    if flag:
+        raise ExecutionError(f"--metrics {args.metrics} is the file {flag} reads: pass another file for the metrics")
 
 
 def _check_not_one_checkpoint(path: Path) -> None:
@@ -262,7 +262,7 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, clu
         last = Plan.from_file(path) if path.exists() else Plan.from_dict(trained_on) if trained_on else None
     except SpantrainError:  # not readable: nothing to compare with
         return None
-    if last is None or dataclasses.replace(last, predicted=None) == dataclasses.replace(plan, predicted=None):
+    if last is None or _same_plan(last, plan):
         return None
     gone = [d for d in last.devices if cluster is not None and d not in cluster]
     if gone:  # that plan cannot run here: naming it for --plan sent the user into an error
@@ -272,6 +272,11 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, clu
     else:
         how = "its plan is in its train_state.json"
     return f"resuming on another plan than the run of checkpoint {checkpoint.name} continued on: {how}"
+
+
+def _same_plan(a, b) -> bool:
+    """Whether two plans train alike (what each predicted aside)."""
+    return dataclasses.replace(a, predicted=None) == dataclasses.replace(b, predicted=None)
 
 
 def _plan_adapted_to(checkpoint_dir: Path, plan, cluster, workload, flag: str):
@@ -289,7 +294,7 @@ def _plan_adapted_to(checkpoint_dir: Path, plan, cluster, workload, flag: str):
         last = load_plan(str(path), cluster, workload)
     except SpantrainError:  # _other_plan_note says why it cannot be continued on
         return plan
-    if dataclasses.replace(last, predicted=None) == dataclasses.replace(plan, predicted=None):
+    if _same_plan(last, plan):
         return plan
     _note(f"--adapt: resuming on the plan checkpoint {latest.name} was trained on ({path}), not {flag}'s: "
           "adaptation chose it; it goes on re-planning from there")
@@ -654,7 +659,9 @@ def _run(args: argparse.Namespace) -> int:
                     raise
                 # Killed before they got there (Ctrl-C twice): what is left to continue from.
                 latest = latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
-                done = _last_iteration(metrics_path)
+                from spantrain.runtime.metrics import read_step_records
+
+                done = next((r["step"] for r in reversed(read_step_records(metrics_path))), None)
                 lost = "" if latest or not done else (
                     f" (the {plural(done, 'iteration')} trained {'is' if done == 1 else 'are'} lost"
                     + ("" if args.checkpoint_dir else ": --checkpoint-dir DIR keeps a run's progress") + ")")
@@ -666,24 +673,6 @@ def _run(args: argparse.Namespace) -> int:
         result["emulated"] = bool(args.emulate)
     _report(result, args.json, args.lr)
     return 0
-
-
-def _last_iteration(metrics: Path) -> int | None:
-    """The last iteration a metrics file records (its tail is read: a long run's file is large)."""
-    try:
-        with open(metrics, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:  # a line cut by the tail's start, or by the kill
-            continue
-        if isinstance(rec, dict) and "loss" in rec and isinstance(rec.get("step"), int):
-            return rec["step"]
-    return None
 
 
 def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None):
