@@ -432,6 +432,10 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
                 lists.append(tuple(float(v) / 1e3 for v in vals))
         if lists[0] and lists[1] and len(lists[0]) != len(lists[1]):
             problems.append(f"{w}: forward_ms and backward_ms have different lengths")
+        elif lists[0] and lists[1] and not any(lists[0] + lists[1]):
+            # the cost model would run the model in no time: plans scored infinitely fast, bounds divided by 0
+            problems.append(f"{w}: every forward_ms and backward_ms is 0, which no device measures: profile it "
+                            "again (spantrain profile) or remove layer_times")
         elif batch and lists[0] and lists[1]:
             out[str(model)] = LayerTimes(batch=batch, forward_s=lists[0], backward_s=lists[1])
     return out

@@ -150,6 +150,9 @@ def _mutate(spec, path, value):
      "devices[1] (edge-0).layer_times[tiny-gpt]: backward_ms must be a non-empty list of numbers from 0 to 1e+30"),
     (("devices", 1, "layer_times"), {"tiny-gpt": {"batch": 1, "forward_ms": [1e308] * 8, "backward_ms": [1.0] * 8}},
      "forward_ms must be a non-empty list of numbers from 0 to 1e+30"),
+    # all zero: the exhaustive planner's bound divided by the device's time (ZeroDivisionError)
+    (("devices", 1, "layer_times"), {"tiny-gpt": {"batch": 1, "forward_ms": [0] * 8, "backward_ms": [0.0] * 8}},
+     "devices[1] (edge-0).layer_times[tiny-gpt]: every forward_ms and backward_ms is 0"),
     # YAML 1.1 reads 1.0e9 as a string: say so
     (("devices", 1, "tflops"), "1.0e9", "got the string '1.0e9' (YAML reads 1.0e9 as text; write 1.0e+9)"),
     (("devices", 0, "count"), "4", "got the string '4' (write the number without quotes)"),
