@@ -78,17 +78,22 @@ def load_model(args: argparse.Namespace):
     return load_workload(args.model, global_batch=gb)
 
 
-def load_plan(path: str, cluster, workload):
+def load_plan(path: str, cluster, workload, global_batch: int | None = None):
     """A plan file checked against the cluster and model; a mismatch names the file (a user
-    with several plans must tell which one was made for another cluster or model)."""
+    with several plans must tell which one was made for another cluster or model). An explicit
+    `global_batch` (--global-batch) must be the plan's: the plan fixes the batch it trains."""
     from spantrain.errors import PlanError
     from spantrain.plan import Plan
 
     plan = Plan.from_file(path)  # its own errors name the file already
     try:
-        return plan.validate(cluster, workload)
+        plan = plan.validate(cluster, workload)
     except PlanError as e:
         raise PlanError(f"plan {path}: {e}") from None
+    if global_batch is not None and plan.batch != global_batch:
+        raise PlanError(f"--global-batch {global_batch} but plan {path} trains {plan.batch} samples per iteration "
+                        f"(pass --global-batch {plan.batch}, or leave it out)")
+    return plan
 
 
 def check_finite(flag: str, value: float | None, rule: str, ok: bool) -> None:

@@ -394,15 +394,9 @@ def _check_no_metrics(path: Path, flag: str) -> None:
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
-    from spantrain.errors import PlanError
 
     if args.plan:
-        plan = load_plan(args.plan, cluster, workload)
-        if args.global_batch is not None and plan.batch != args.global_batch:
-            # the plan fixes the batch it trains; without --global-batch it trains it as it is
-            raise PlanError(f"--global-batch {args.global_batch} but plan {args.plan} trains {plan.batch} samples "
-                            f"per iteration (pass --global-batch {plan.batch}, or leave it out)")
-        return plan
+        return load_plan(args.plan, cluster, workload, args.global_batch)
     from spantrain.planner import plan_with
     from spantrain.policies.registry import get_planner
 

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     calibration = load_calibration(args.calibration)
-    plan = load_plan(args.plan, cluster, workload)
+    plan = load_plan(args.plan, cluster, workload, args.global_batch)
     model = CostModel(cluster, workload, calibration, memo=False)
     arrays = model.flatten(plan)  # raises PlanError naming every problem
     stage_out, pipe_out, scalars = model.evaluate(arrays)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from spantrain._spec import readable
+from spantrain.plan import Plan
 
 PLAN = {"schedule": "zb-h1", "sync": {"mode": "hierarchical", "period": 1},
         "pipelines": [{"micro_batch_size": 2, "num_micro_batches": 4,
@@ -67,6 +68,16 @@ def test_human_output(files, run_cli):
     code, out, _ = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--calibration", "emulated-cpu",
                            "--json")
     assert code == 0 and json.loads(out)["calibration"] == "emulated-cpu"
+
+
+def test_global_batch_other_than_the_plans_is_refused_as_run_refuses_it(files, run_cli):
+    cluster, plan, _ = files
+    trains = Plan.from_file(plan).batch
+    code, out, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--global-batch",
+                             str(trains * 2))
+    assert code == 2 and out == ""
+    assert err.strip().endswith(f"--global-batch {trains * 2} but plan {plan} trains {trains} samples per iteration "
+                                f"(pass --global-batch {trains}, or leave it out)"), err
 
 
 @pytest.mark.parametrize("mutate", ["unknown-device", "gap", "missing-file", "syntax"])
