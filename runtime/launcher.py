@@ -176,6 +176,10 @@ def _context() -> multiprocessing.context.BaseContext:
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["spantrain.runtime.forkserver_exit", "spantrain.runtime.worker"])
+        # the server removes the directory of its socket if this process is killed outright; it
+        # inherits the variable (forkserver_exit.SOCKET_DIR_ENV: importing that module here would
+        # make this process leave as the server does)
+        os.environ["SPANTRAIN_FORKSERVER_DIR"] = multiprocessing.util.get_temp_dir()
         return ctx
     return multiprocessing.get_context("spawn")
 

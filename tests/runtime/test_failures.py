@@ -279,11 +279,13 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
     """A script that runs `spantrain run` and reads its output reaps it only when the output ends;
     the fork server holds that output until the workers exit, so they must see the killed
     launcher's zombie as gone."""
-    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    run_dir, ckpt, tmp = tmp_path / "run", tmp_path / "ckpt", tmp_path / "tmp"
+    tmp.mkdir()
     args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir),
                      "--checkpoint-dir", str(ckpt))
     proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
     try:
         _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
                   if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
@@ -300,6 +302,8 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
     (end,) = [r for r in records if r.get("event") == "end"]
     assert end["stopped_early"] and end["final_step"] == max(r["step"] for r in records if "loss" in r)
     assert (ckpt / "latest").read_text().strip() == f"step-{end['final_step']:08d}"
+    # the launcher's multiprocessing directory (the fork server's socket): its exit handler never ran
+    _wait_for(lambda: not list(tmp.glob("pymp-*")), 10, "the fork server to remove the launcher's pymp-* directory")
 
 
 def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process_starts(tmp_path, monkeypatch):
