@@ -333,7 +333,7 @@ class Evaluator:
     # ---- output ------------------------------------------------------------------------
 
     def to_plan(self, cand: Candidate) -> Plan:
-        """The candidate as a `Plan`, with `predicted` filled from its estimate."""
+        """The candidate as a `Plan`, with `predicted` filled from its estimate and `model` named."""
         if cand.built is None:
             raise ValueError("candidate has no buildable pipelines")
         ids = self.cluster.ids
@@ -349,4 +349,5 @@ class Evaluator:
         if est is not None:
             predicted = {"iteration_s": est.iteration_s, "samples_per_s": est.samples_per_s}
         return Plan(pipelines=tuple(pipes), schedule=cand.knobs.schedule,
-                    sync=Sync(mode=cand.knobs.sync, period=cand.knobs.period), predicted=predicted)
+                    sync=Sync(mode=cand.knobs.sync, period=cand.knobs.period), predicted=predicted,
+                    model=self.workload.name)

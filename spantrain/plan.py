@@ -11,6 +11,9 @@ JSON form (DESIGN.md):
                    {"devices": ["edge-0"], "layers": [14, 26]}]}],
      "predicted": {"iteration_s": 1.9, "samples_per_s": 16.8}}
 
+Extension: `"model": "gpt2-medium"`, the workload the plan was made for (written by every
+planner; optional when read).
+
 A stage's `devices` is a list so that the format can grow (tensor-parallel stages); this
 version runs exactly one device per stage and `validate` says so otherwise.
 """
@@ -121,6 +124,9 @@ class Plan:
     """Data-parallel sync mode and period."""
     predicted: dict[str, float] | None = None
     """What the cost model predicted when the plan was made (informational)."""
+    model: str | None = None
+    """Name of the workload the plan was made for (None: a plan file written by hand or before
+    the key existed). A plan read for another model is named as made for this one."""
 
     # ---- views ------------------------------------------------------------------------
 
@@ -128,6 +134,11 @@ class Plan:
     def batch(self) -> int:
         """The iteration batch: sum over pipelines of micro-batch size x count."""
         return sum(p.batch for p in self.pipelines)
+
+    @property
+    def layers_covered(self) -> int:
+        """The end of the last layer range: the model's layer count, in a valid plan."""
+        return max((s.layers[1] for p in self.pipelines for s in p.stages), default=0)
 
     @property
     def devices(self) -> list[str]:
@@ -212,6 +223,10 @@ class Plan:
                            f"(the model has {n_layers} layers)")
         return out
 
+    def made_for_other(self, workload: Workload) -> str | None:
+        """The model the plan names when it is not `workload`'s, else None."""
+        return self.model if self.model is not None and self.model != workload.name else None
+
     def validate(self, cluster: Cluster | None = None, workload: Workload | None = None) -> Plan:
         """Raise `PlanError` listing every problem; return the plan when it is valid."""
         problems = self.problems(cluster, workload)
@@ -226,6 +241,8 @@ class Plan:
                                "pipelines": [p.to_dict() for p in self.pipelines]}
         if self.predicted is not None:
             out["predicted"] = dict(self.predicted)
+        if self.model is not None:
+            out["model"] = self.model
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -243,7 +260,10 @@ class Plan:
             raise PlanError(f"{source}: expected a JSON object with schedule, sync and pipelines")
         if wrong := other_kind(obj, "plan"):
             raise PlanError(f"{source}: {wrong}")
-        check_keys(obj, {"schedule", "sync", "pipelines", "predicted"}, {"pipelines"}, source, problems)
+        check_keys(obj, {"schedule", "sync", "pipelines", "predicted", "model"}, {"pipelines"}, source, problems)
+        model = obj.get("model")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            problems.append(f"{source}: model must be the name of the workload the plan was made for, {got(model)}")
         schedule = obj.get("schedule", "1f1b")
         if not isinstance(schedule, str):
             problems.append(f"{source}: schedule must be a string")
@@ -328,7 +348,7 @@ class Plan:
             problems.append(f"{source}: {too_long}")
         if problems:
             raise PlanError(problems)
-        return cls(pipelines=tuple(pipelines), schedule=schedule, sync=sync, predicted=predicted)
+        return cls(pipelines=tuple(pipelines), schedule=schedule, sync=sync, predicted=predicted, model=model)
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:

@@ -86,10 +86,20 @@ def load_plan(path: str, cluster, workload, global_batch: int | None = None):
     from spantrain.plan import Plan
 
     plan = Plan.from_file(path)  # its own errors name the file already
+    other = plan.made_for_other(workload)
     try:
         plan = plan.validate(cluster, workload)
     except PlanError as e:
+        if other is not None and plan.problems(workload=workload):  # its layers are another model's
+            raise PlanError(f"plan {path} was made for model {other} ({plan.layers_covered} layers), not "
+                            f"{workload.name} ({len(workload.layers)}): pass --model {other}, or make a plan for "
+                            f"{workload.name} (spantrain plan -o)") from None
         raise PlanError(f"plan {path}: {e}") from None
+    if other is not None:
+        from spantrain._say import say
+
+        say(f"spantrain: note: plan {path} was made for model {other}, and is used for {workload.name} here: its "
+            f"layer split and memory fit were worked out for {other}'s layers")
     if global_batch is not None and plan.batch != global_batch:
         raise PlanError(f"--global-batch {global_batch} but plan {path} trains {plan.batch} samples per iteration "
                         f"(pass --global-batch {plan.batch}, or leave it out)")

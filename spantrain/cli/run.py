@@ -275,8 +275,8 @@ def _other_plan_note(checkpoint: Path, plan, trained_on: dict | None = None, clu
 
 
 def _same_plan(a, b) -> bool:
-    """Whether two plans train alike (what each predicted aside)."""
-    return dataclasses.replace(a, predicted=None) == dataclasses.replace(b, predicted=None)
+    """Whether two plans train alike (what each predicted and the model it names aside)."""
+    return dataclasses.replace(a, predicted=None, model=None) == dataclasses.replace(b, predicted=None, model=None)
 
 
 def _plan_adapted_to(checkpoint_dir: Path, plan, cluster, workload, flag: str):

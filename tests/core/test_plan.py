@@ -33,6 +33,26 @@ def test_plan_round_trips_through_json(tmp_path):
     assert plan.stage_of("edge-0") == (0, 1) and plan.stage_of("end-0") is None
 
 
+def test_the_model_a_plan_names_round_trips_and_must_be_a_name(tmp_path):
+    plan = _plan(model="gpt2-medium")
+    assert plan.to_dict()["model"] == "gpt2-medium" and Plan.from_json(plan.to_json()) == plan
+    assert "model" not in _plan().to_dict()  # a plan that names none writes none (DESIGN.md's form)
+    assert plan.made_for_other(W) is None and plan.layers_covered == 26
+    assert plan.made_for_other(Workload.from_preset("bert-large")) == "gpt2-medium"
+    assert _plan().made_for_other(Workload.from_preset("bert-large")) is None
+    for bad in ("", 3):
+        with pytest.raises(PlanError, match="model must be the name of the workload the plan was made for"):
+            Plan.from_dict({**plan.to_dict(), "model": bad})
+
+
+def test_planners_name_the_model_in_their_plans(demo_spec):
+    from spantrain.planner import plan_with
+    from spantrain.policies.registry import get_planner
+
+    plan = plan_with(get_planner("heuristic"), Cluster.from_spec(demo_spec), W)
+    assert plan.model == "gpt2-medium"
+
+
 def test_design_example_parses_and_validates(demo_spec):
     text = ('{"schedule": "zb-h1", "sync": {"mode": "hierarchical", "period": 1}, "pipelines": ['
             '{"micro_batch_size": 2, "num_micro_batches": 8, "stages": [{"devices": ["cloud-0"], "layers": [0, 14]},'
@@ -190,7 +210,7 @@ def test_an_unknown_key_does_not_hide_the_plans_other_problems():
     with pytest.raises(PlanError) as err:
         Plan.from_dict(obj, "p.json")
     assert err.value.problems == [
-        "p.json: unknown key 'comment' (allowed: pipelines, predicted, schedule, sync)",
+        "p.json: unknown key 'comment' (allowed: model, pipelines, predicted, schedule, sync)",
         "p.json: schedule 'pipedream' is unknown (choose from gpipe, 1f1b, zb-h1, zb-h2)"]
     # a malformed pipeline: its rules are not applied to what could not be read, the settings' are
     obj = {"schedule": 3, "sync": {"mode": "gossip", "period": 10**23},

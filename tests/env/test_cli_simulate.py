@@ -70,6 +70,26 @@ def test_human_output(files, run_cli):
     assert code == 0 and json.loads(out)["calibration"] == "emulated-cpu"
 
 
+def test_a_plan_made_for_another_model_says_which(files, run_cli):
+    cluster, plan, tmp = files
+    named = tmp / "named.json"
+    named.write_text(json.dumps({**PLAN, "model": "gpt2-medium"}))
+    # other layers: was a list of "layer range [8, 15) goes past the model's 14 layers", one per stage
+    code, out, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-small", "-p", named)
+    assert code == 2 and out == ""
+    assert err.strip() == (f"spantrain simulate: error: plan {named} was made for model gpt2-medium (26 layers), not "
+                           f"gpt2-small (14): pass --model gpt2-medium, or make a plan for gpt2-small (spantrain "
+                           "plan -o)")
+    code, _, err = run_cli("plan", "-c", cluster, "-m", "gpt2-small", "--from", named)
+    assert code == 2 and "running plan" in err and "made for model gpt2-medium (26 layers), not gpt2-small" in err
+    # as many layers: it runs, with a note; a plan that names no model gets none
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "bert-large", "-p", named)
+    assert code == 0 and (f"spantrain: note: plan {named} was made for model gpt2-medium, and is used for "
+                          "bert-large here") in err
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "bert-large", "-p", plan)
+    assert code == 0 and "made for" not in err
+
+
 def test_global_batch_other_than_the_plans_is_refused_as_run_refuses_it(files, run_cli):
     cluster, plan, _ = files
     trains = Plan.from_file(plan).batch
