@@ -93,21 +93,34 @@ def test_a_switch_cut_off_by_ctrl_c_is_recorded_as_never_made(tmp_path):
     from spantrain.runtime.adapter import run_adapting
     from spantrain.runtime.config import RunConfig
 
-    path, adapter, _ = _adapter(tmp_path, lambda running, cluster, remaining: Decision(
+    path, adapter, notes = _adapter(tmp_path, lambda running, cluster, remaining: Decision(
         switch=True, plan=SINGLE, record={"chosen": "heuristic"}, summary="switching"))
     _, model = write_inputs(tmp_path)
     cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=20,
                     run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "m.jsonl"))
 
+    checkpoint = tmp_path / "ckpt" / "step-00000004"
+
     def launch(cfg, adapter):
         rewrite(path, SLOW_WAN)
         assert adapter.check(3) is True  # the workers are asked to stop for the switch...
-        raise KeyboardInterrupt  # ...and Ctrl-C comes first
+        # ...and Ctrl-C comes first: they stop with a checkpoint of the running plan
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "plan.json").write_text(RUNNING.to_json())
+        Path(cfg.run_dir).mkdir()
+        (Path(cfg.run_dir) / "result.json").write_text(json.dumps({
+            "start_step": 0, "final_step": 4, "stopped_early": True, "plan": RUNNING.to_dict(), "step_s": 0.1,
+            "samples_per_s": 10.0, "predicted_step_s": None, "checkpoint": str(checkpoint)}))
+        raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         run_adapting(cfg, launch, adapter)
     (event,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert event["event"] == "adapt" and event["switch"] and event["interrupted"] and "switched_at" not in event
+    # the decision is kept where a resume looks for the plan to continue on (it went back to the old one)
+    assert Plan.from_file(checkpoint / "plan.json") == SINGLE and event["saved_to"] == str(checkpoint)
+    assert notes[-1] == ("the new plan was decided before the stop: checkpoint step-00000004 holds it, and --resume "
+                         "--adapt continues on it")
 
 
 def test_no_decision_when_nothing_is_left_to_run(tmp_path):
