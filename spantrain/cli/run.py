@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -279,21 +280,28 @@ def _same_plan(a, b) -> bool:
     return dataclasses.replace(a, predicted=None, model=None) == dataclasses.replace(b, predicted=None, model=None)
 
 
-def _plan_adapted_to(checkpoint_dir: Path, plan, cluster, workload, flag: str):
+def _plan_adapted_to(checkpoint_dir: Path, make_plan: Callable[[], Any], cluster, workload, flag: str):
     """Under --adapt, a resume continues on the plan its last checkpoint was trained on (the one an
-    adaptation switched to), not on the command's own: it went back to the abandoned plan, 9.7 s an
-    iteration against 7e-05, and never re-planned (its cluster file had changed before it started).
-    The command's plan when that one cannot run here (devices gone, another model)."""
+    adaptation switched to), not on the command's own (`make_plan()`): it went back to the abandoned
+    plan, 9.7 s an iteration against 7e-05, and never re-planned (its cluster file had changed
+    before it started); and a command whose plan lost a device was refused. The command's plan
+    when the checkpoint's cannot run here (devices gone, another model)."""
     from spantrain.runtime.checkpoint import PLAN_FILE, latest_checkpoint
 
     latest = latest_checkpoint(checkpoint_dir)
     path = latest / PLAN_FILE if latest is not None else None
     if path is None or not path.is_file():
-        return plan
+        return make_plan()
     try:
         last = load_plan(str(path), cluster, workload)
     except SpantrainError:  # _other_plan_note says why it cannot be continued on
-        return plan
+        return make_plan()
+    try:
+        plan = make_plan()
+    except SpantrainError as e:
+        _note(f"--adapt: resuming on the plan checkpoint {latest.name} was trained on ({path}): {flag}'s cannot run "
+              f"here ({e})")
+        return last
     if _same_plan(last, plan):
         return plan
     _note(f"--adapt: resuming on the plan checkpoint {latest.name} was trained on ({path}), not {flag}'s: "
@@ -462,10 +470,11 @@ def _run(args: argparse.Namespace) -> int:
     emulated = where == "emulated"
     calibration = (load_calibration(args.calibration) if args.calibration is not None
                    else default_calibration(emulated))
-    plan = _make_plan(args, cluster, workload, calibration)
     if args.adapt and args.resume:
-        plan = _plan_adapted_to(Path(args.checkpoint_dir), plan, cluster, workload,
-                                "--plan" if args.plan else "--planner")
+        plan = _plan_adapted_to(Path(args.checkpoint_dir), lambda: _make_plan(args, cluster, workload, calibration),
+                                cluster, workload, "--plan" if args.plan else "--planner")
+    else:
+        plan = _make_plan(args, cluster, workload, calibration)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts
     if args.emulate_network:
         _check_network(args.emulate_network, args.emulate, plan)

@@ -375,6 +375,37 @@ def test_resuming_on_another_plan_than_the_checkpoint_continued_on_says_so(tmp_p
     assert _other_plan_note(checkpoint, other) is None
 
 
+def test_an_adapt_resume_whose_own_plan_lost_a_device_continues_on_the_checkpoints(tmp_path, capsys):
+    # a device left, --adapt switched to a plan without it; the same command resumed was refused
+    # ("plan plan.json: ... unknown device 'b-1'") before it looked at the checkpoint's plan
+    from spantrain.cli.run import _plan_adapted_to
+    from spantrain.cluster import Cluster
+    from spantrain.errors import PlanError
+    from spantrain.plan import Plan
+    from spantrain.workload import load_workload
+
+    _, model = write_inputs(tmp_path)
+    cluster, workload = Cluster.from_spec(CLUSTER), load_workload(str(model))
+    switched = Plan.from_dict(plan("1f1b", "allreduce", [(1, 10, [("a-1", 0, 6)])]))
+    checkpoint = tmp_path / "ckpt" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "train_state.json").write_text('{"step": 4}')
+    switched.save(checkpoint / "plan.json")
+
+    def lost_a_device():
+        raise PlanError("plan plan.json: pipeline 0 stage 1: unknown device 'b-1'")
+
+    assert _plan_adapted_to(tmp_path / "ckpt", lost_a_device, cluster, workload, "--plan") == switched
+    assert capsys.readouterr().err.strip() == (
+        f"spantrain run: note: --adapt: resuming on the plan checkpoint step-00000004 was trained on "
+        f"({checkpoint / 'plan.json'}): --plan's cannot run here (plan plan.json: pipeline 0 stage 1: unknown "
+        "device 'b-1')")
+    # no checkpoint plan to fall back on: the command's own error stands
+    (checkpoint / "plan.json").unlink()
+    with pytest.raises(PlanError, match="unknown device 'b-1'"):
+        _plan_adapted_to(tmp_path / "ckpt", lost_a_device, cluster, workload, "--plan")
+
+
 def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision(tmp_path, monkeypatch):
     """Without --run-dir a resume made a new run directory: the run's metrics and W&B run split in two."""
     monkeypatch.chdir(tmp_path)  # where a run without --run-dir makes its directory
