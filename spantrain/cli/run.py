@@ -392,13 +392,39 @@ def _check_no_metrics(path: Path, flag: str) -> None:
     run continues its run's file), so the two runs' records would mix in one file. A live run
     there is named first (its lock). (A --checkpoint-dir holding checkpoints was refused before,
     with --resume as the way on.)"""
-    from spantrain.runtime.launcher import refuse_held
+    from spantrain.runtime.launcher import lock_holder, refuse_held
 
-    refuse_held(path.parent, "--run-dir" if flag == "--run-dir" else f"--metrics {path}: its directory")
-    if path.is_file() and path.stat().st_size > 0:
-        where = f"--metrics {path}" if flag == "--metrics" else f"--run-dir {path.parent}"
-        raise ExecutionError(f"{where} holds another run's metrics ({path}): pass another {flag} (or remove that "
+    if flag == "--run-dir":
+        refuse_held(path.parent, flag)
+    elif holder := lock_holder(path.parent):
+        raise ExecutionError(f"--metrics {path} is in the directory of another spantrain run ({holder}), which is "
+                             "running: wait for it to finish, or pass another --metrics")
+    if not (path.is_file() and path.stat().st_size > 0):
+        return
+    if flag == "--metrics":
+        raise ExecutionError(f"--metrics {path} holds another run's metrics: pass another --metrics (or remove that "
                              "file), or continue that run with --resume and the --checkpoint-dir it wrote")
+    checkpoints = _checkpoint_dir_of(path.parent)
+    if checkpoints is None:  # --resume finds nothing: sending the user there went round in a circle
+        raise ExecutionError(f"--run-dir {path.parent} holds the metrics of a run that left no checkpoint to resume "
+                             f"from ({path}): remove that file to start over in it, or pass another --run-dir")
+    raise ExecutionError(f"--run-dir {path.parent} holds another run's metrics ({path}): continue that run with "
+                         f"--resume --checkpoint-dir {checkpoints}, or pass another --run-dir (or remove that file)")
+
+
+def _checkpoint_dir_of(run_dir: Path) -> Path | None:
+    """Where the run of `run_dir` left a complete checkpoint (its run_config.json says where it
+    wrote them), else None."""
+    from spantrain.runtime.checkpoint import latest_checkpoint
+
+    try:
+        written = json.loads((run_dir / "run_config.json").read_text()).get("checkpoint_dir")
+    except (OSError, ValueError, AttributeError):
+        written = None
+    if not isinstance(written, str) or not written:
+        return None
+    path = Path(written) if Path(written).is_absolute() else run_dir / written
+    return path if latest_checkpoint(path) is not None else None
 
 
 def _make_plan(args: argparse.Namespace, cluster, workload, calibration):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,14 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
                                            str(tmp_path / "run")))
     assert (f"--checkpoint-dir {ckpt} is in use by another spantrain run (pid {os.getpid()}): wait for it to "
             "finish") in _one_error_line(*result)
+    # --metrics in a live run's directory: read "... or pass another --metrics M: its directory"
+    live = tmp_path / "live"
+    with run_dir_lock(live):
+        result = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
+                                           "--metrics", str(live / "metrics.jsonl"), "--run-dir", str(tmp_path / "run")))
+    assert _one_error_line(*result) == (f"spantrain run: error: --metrics {live / 'metrics.jsonl'} is in the "
+                                        f"directory of another spantrain run (pid {os.getpid()}), which is running: "
+                                        "wait for it to finish, or pass another --metrics")
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -378,9 +387,19 @@ def test_a_new_run_into_a_used_run_dir_is_refused_and_a_refused_run_creates_noth
     args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2")
     # its records would have mixed with this run's in one file (a new run appends, as a resumed one must)
     line = _one_error_line(*spantrain_here(*args, "--run-dir", str(run), "--checkpoint-dir", str(tmp_path / "ck")))
+    # that run left no checkpoint: --resume, where the message sent the user, refused for want of one
+    assert line == (f"spantrain run: error: --run-dir {run} holds the metrics of a run that left no checkpoint to "
+                    f"resume from ({run / 'metrics.jsonl'}): remove that file to start over in it, or pass another "
+                    "--run-dir")
+    # it did leave one (its run_config.json says where): the way on is named
+    (tmp_path / "its-ck" / "step-00000001").mkdir(parents=True)
+    (tmp_path / "its-ck" / "step-00000001" / "train_state.json").write_text('{"step": 1}')
+    (run / "run_config.json").write_text(json.dumps({"checkpoint_dir": str(tmp_path / "its-ck")}))
+    line = _one_error_line(*spantrain_here(*args, "--run-dir", str(run)))
     assert line == (f"spantrain run: error: --run-dir {run} holds another run's metrics ({run / 'metrics.jsonl'}): "
-                    "pass another --run-dir (or remove that file), or continue that run with --resume and the "
-                    "--checkpoint-dir it wrote")
+                    f"continue that run with --resume --checkpoint-dir {tmp_path / 'its-ck'}, or pass another "
+                    "--run-dir (or remove that file)")
+    shutil.rmtree(tmp_path / "its-ck")
     line = _one_error_line(*spantrain_here(*args, "--run-dir", str(tmp_path / "other"), "--metrics",
                                            str(run / "metrics.jsonl")))
     assert line.startswith(f"spantrain run: error: --metrics {run / 'metrics.jsonl'} holds another run's metrics")

@@ -219,7 +219,7 @@ def test_a_new_torchrun_job_does_not_append_to_another_runs_metrics(tmp_path, to
     torchrun_env(4)
     code, _, err = spantrain_here(*_args(tmp_path))
     # it appended to it (two start events in one file) and overwrote its result.json
-    assert code == 2 and f"--run-dir {tmp_path / 'run'} holds another run's metrics" in err, err
+    assert code == 2 and f"--run-dir {tmp_path / 'run'} holds the metrics of a run that left no checkpoint" in err, err
     torchrun_env(4, restart=1)  # a restarted attempt: still refused, the file is not its job's
     assert spantrain_here(*_args(tmp_path))[0] == 2
     with open(tmp_path / "run" / "metrics.jsonl", "a") as f:  # this job's first attempt started it
