@@ -64,6 +64,13 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def incomplete_after(checkpoint: Path) -> list[str]:
+    """Names of the checkpoint directories newer than `checkpoint` that `latest_checkpoint` passed
+    over for want of a train_state.json (damaged from outside: a save is renamed into place whole)."""
+    return sorted(p.name for p in checkpoint.parent.glob("step-*")
+                  if p.name > checkpoint.name and p.is_dir() and not (p / "train_state.json").is_file())
+
+
 def damaged(path: Path) -> str:
     """What to do about checkpoint `path` when it cannot be read (a clause for an error line): resuming
     from it again would only fail again."""
@@ -240,7 +247,9 @@ class Checkpointer:
         return final
 
     def _prune(self, keep_name: str) -> None:
-        complete = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        # complete ones only: a newer directory damaged from outside (its train_state.json gone)
+        # counted as kept, and the good one a resume had fallen back to was deleted
+        complete = sorted(p for p in self.root.glob("step-*") if (p / "train_state.json").is_file())
         for p in complete[:-self.keep]:
             if p.name != keep_name:
                 shutil.rmtree(p, ignore_errors=True)

@@ -116,7 +116,7 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
 
 def resume_state(checkpoint_dir: str | None, workload: Workload, steps: int) -> dict[str, Any]:
     """The train state `--resume` continues from, or a clear refusal."""
-    from spantrain.runtime.checkpoint import check_meta, latest_checkpoint
+    from spantrain.runtime.checkpoint import check_meta, incomplete_after, latest_checkpoint
 
     if not checkpoint_dir:
         raise ExecutionError("--resume needs --checkpoint-dir (where the checkpoints are)")
@@ -127,6 +127,11 @@ def resume_state(checkpoint_dir: str | None, workload: Workload, steps: int) -> 
         refuse_held(checkpoint_dir, "--checkpoint-dir")  # a live run whose first checkpoint is still to come
         raise ExecutionError(f"--resume: no complete checkpoint in {checkpoint_dir}: pass the directory that holds "
                              "the run's checkpoints, or leave out --resume to start anew")
+    if skipped := incomplete_after(latest):  # it resumed from an older one without a word
+        from spantrain._say import say
+
+        say(f"spantrain run: note: resuming from {latest.name}, the newest complete checkpoint: "
+            f"{', '.join(skipped)} in {checkpoint_dir} has no train_state.json (damaged), so it is passed over")
     state = check_meta(latest, workload)
     if int(state["step"]) >= steps:
         raise ExecutionError(f"--resume: checkpoint {latest.name} is already at iteration {state['step']}; "

@@ -50,6 +50,24 @@ def test_save_load_prune_and_latest(tmp_path, one_process_group):
         Checkpointer.load(root / "step-00000003", {"layers.9.missing": torch.zeros(1)})
 
 
+def test_a_damaged_newest_checkpoint_is_passed_over_aloud_and_never_kept_for_a_good_one(tmp_path, one_process_group,
+                                                                                        capsys):
+    root = tmp_path / "ck"
+    ck = Checkpointer(root, rank=0, barrier=dist.barrier, keep=2)
+    for step in (10, 12):
+        _save(ck, step, float(step))
+    (root / "step-00000012" / "train_state.json").unlink()  # damaged from outside
+    # the resume falls back to step 10: it did so without a word
+    state = resume_state(str(root), workload(), 20)
+    assert state["step"] == 10 and capsys.readouterr().err.strip() == (
+        f"spantrain run: note: resuming from step-00000010, the newest complete checkpoint: step-00000012 in {root} "
+        "has no train_state.json (damaged), so it is passed over")
+    # the resumed run saves step 11: the damaged 12 counted as one of the two kept, and 10 was deleted
+    _save(ck, 11, 11.0)
+    assert {p.name for p in root.glob("step-*")} == {"step-00000010", "step-00000011", "step-00000012"}
+    assert latest_checkpoint(root) == root / "step-00000011"
+
+
 def test_a_full_disk_is_named_not_torchs_stream_position(tmp_path, one_process_group, monkeypatch):
     import shutil
     from collections import namedtuple
