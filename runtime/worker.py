@@ -81,6 +81,8 @@ class StopFlag:
 
     def __init__(self, armed: bool = True) -> None:
         self.requested = False
+        self.signum = 0
+        """The signal that set `requested` (0: none yet)."""
         self.armed = armed
         self._heard = threading.Event()
 
@@ -89,6 +91,7 @@ class StopFlag:
         if not self.armed:
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = self.signum or signum
 
     @contextlib.contextmanager
     def exit_when_blocked(self, grace_s: float = 1.0) -> Iterator[None]:
@@ -119,6 +122,13 @@ class StopFlag:
             say(f"spantrain run: stopped by {name} before training started (waiting for the other ranks; "
                 "nothing to save)")
             os._exit(128 + received[0])
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # not a signal's number: a stop requested otherwise
+        return "a stop request"
 
 
 def torchrun_job() -> str | None:
@@ -279,6 +289,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             metrics.measuring, metrics.last_step = bool(pairs), cfg.steps
         last_ckpt = None
         ckpt_pending = False
+        stopped_by: list[dict[str, Any]] = []
         t_mark = time.perf_counter()
         stop.armed = True  # from here a stop finishes the iteration and checkpoints
         while step < cfg.steps:
@@ -308,12 +319,17 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             ask = bool(pairs) and metrics is not None and (step == start_step or metrics.drift_pending)
             if ask:  # `_measure` clears the drift it answers
                 measure_reason = "drift" if metrics.drift_pending else "start"
-            row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part, float(stop.requested), cpu,
-                                float(ask)], dtype=torch.float64, device=device)
+            # column 4: the stop signal's number, so the result can say which rank was stopped
+            row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part,
+                                float(stop.signum or 1) if stop.requested else 0.0, cpu, float(ask)],
+                               dtype=torch.float64, device=device)
             rows = transport.all_gather_rows(row).cpu()
             now = time.perf_counter()
             step_s, t_mark = now - t_mark, now
             stopping = bool(rows[:, 4].max() > 0)
+            if stopping:
+                stopped_by = [{"rank": r, "device": layout.roles[r].device, "signal": _signal_name(int(rows[r, 4]))}
+                              for r in range(world_size) if rows[r, 4] > 0]
             step += 1
             samples_seen += plan.batch
             if metrics is not None:
@@ -355,7 +371,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             return None
         summary = summarize(metrics.records)
         result = {**summary, "start_step": start_step, "final_step": step, "target_steps": cfg.steps,
-                  "stopped_early": step < cfg.steps, "losses": [r["loss"] for r in metrics.records],
+                  "stopped_early": step < cfg.steps, "stopped_by": stopped_by if step < cfg.steps else [],
+                  "losses": [r["loss"] for r in metrics.records],
                   "plan": plan.to_dict(), "world_size": world_size, "rank_map": how,
                   "schedule": plan.schedule, "sync": plan.sync.to_dict(), "zb_order": runner.order_source,
                   "predicted_step_s": cfg.predicted_step_s, "prediction_calibration": cfg.prediction_calibration,

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spantrain._interrupt import INTERRUPTED
+from spantrain._say import say
 from spantrain._spec import plural, readable
 from spantrain.cli._common import (
     add_calibration_arg,
@@ -701,7 +703,18 @@ def _run(args: argparse.Namespace) -> int:
         result["oversubscribed"] = world > cores and not args.emulate
         result["emulated"] = bool(args.emulate)
     _report(result, args.json, args.lr)
+    if result.get("stopped_by") and not torchrun:  # torchrun stops its processes itself, and says so
+        say(f"spantrain run: interrupted: {_stopped_by(result['stopped_by'])}, and the run stopped with "
+             f"{'it' if len(result['stopped_by']) == 1 else 'them'} after iteration {result['final_step']}; "
+             + (f"last checkpoint: {result['checkpoint']} (continue with --resume)" if result.get("checkpoint")
+                else "no checkpoint was written (--checkpoint-dir DIR keeps a run's progress)"))
+        return INTERRUPTED
     return 0
+
+
+def _stopped_by(ranks: list[dict[str, Any]]) -> str:
+    """'worker rank 1 (device b-0) got SIGTERM', for the workers a signal stopped on their own."""
+    return "; ".join(f"worker rank {r['rank']} (device {r['device']}) got {r['signal']}" for r in ranks)
 
 
 def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None):

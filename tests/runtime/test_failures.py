@@ -315,6 +315,32 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
     _wait_for(lambda: not list(tmp.glob("pymp-*")), 10, "the fork server to remove the launcher's pymp-* directory")
 
 
+def test_a_signal_to_one_worker_stops_the_run_with_a_checkpoint_and_says_which(tmp_path):
+    # it ended "trained iterations 0..4 of 30 (stopped early)" with exit 0: a script took it as done
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir),
+                     "--checkpoint-dir", str(ckpt), "--json")
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
+                  if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.kill(workers[1]["pid"], signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    result = json.loads(out)
+    assert proc.returncode == 130 and result["stopped_early"], err
+    assert result["stopped_by"] == [{"rank": 1, "device": workers[1]["device"], "signal": "SIGTERM"}]
+    assert err.strip().splitlines()[-1] == (
+        f"spantrain run: interrupted: worker rank 1 (device {workers[1]['device']}) got SIGTERM, and the run stopped "
+        f"with it after iteration {result['final_step']}; last checkpoint: {result['checkpoint']} (continue with "
+        "--resume)"), err
+    assert result["checkpoint"].endswith(f"step-{result['final_step']:08d}")
+
+
 def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process_starts(tmp_path, monkeypatch):
     from spantrain.runtime import preflight
 
