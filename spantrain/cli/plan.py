@@ -245,6 +245,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
     for col in ("pipeline", "micro-batch", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
                 "memory GB"):
         t.add_column(col, justify="left" if col in ("device", "region", "layers") else "right")
+    times, _, rest = est.as_run(model.calibration.sync_overlap)
     for p, pipe in enumerate(plan.pipelines):
         for s, st in enumerate(pipe.stages):
             d = cluster.device(st.device)
@@ -254,7 +255,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
             t.add_row(str(p) if first else "",
                       # size x count, as `simulate` prints it
                       f"{pipe.micro_batch_size} x {pipe.num_micro_batches}" if first else "",
-                      f"{est.pipeline_period_s[p]:.4g}" if first else "",
+                      f"{times[p]:.4g}" if first else "",
                       str(s), st.device, d.region, readable(d.tflops),
                       f"[{st.layers[0]}, {st.layers[1]}) ({st.num_layers})",
                       f"[bold red]{mem}[/]" if need > d.memory_gb else mem,
@@ -268,8 +269,8 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
               + (f" every {plural(plan.sync.period, 'iteration')}" if plan.sync.mode == "local-sgd" else ""))
     note = "" if plan.batch == workload.global_batch else f" (workload's global batch is {workload.global_batch})"
     con.print(f"batch      {plan.batch} samples{note}")
-    con.print(f"iteration  {est.iteration_s:.4g} s (slowest pipeline {max(est.pipeline_period_s):.4g} s, "
-              f"exposed sync {est.exposed_comm_s:.4g} s, optimizer {est.optimizer_s:.4g} s)")
+    con.print(f"iteration  {est.iteration_s:.4g} s (slowest pipeline {max(times):.4g} s, "
+              f"exposed sync {est.exposed_comm_s:.4g} s, optimizer and overhead {rest:.4g} s)")
     if est.feasible:
         con.print(f"throughput {est.samples_per_s:.4g} samples/s")
     else:

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             obj["timeline"] = args.timeline
         print_json(obj)
         return 0
-    _print_human(est, plan, workload, pipes, args.timeline, args.calibration)
+    _print_human(est, plan, workload, pipes, args.timeline, args.calibration, model.calibration.sync_overlap)
     return 0
 
 
@@ -97,13 +97,14 @@ def _note_other_prediction(plan, iteration_s: float, calibration: str | None) ->
         f"these (--calibration {calibration or 'none: the built-in constants'})")
 
 
-def _print_human(est, plan, workload, pipes, timeline, calibration: str | None = None) -> None:
+def _print_human(est, plan, workload, pipes, timeline, calibration: str | None = None, overlap: bool = True) -> None:
     from rich.table import Table
 
     con = stdout_console()
+    times, bubbles, rest = est.as_run(overlap)
     for p, pipe in enumerate(pipes):
         t = Table(title=f"pipeline {p}: micro-batch {pipe['micro_batch_size']} x {pipe['num_micro_batches']}, "
-                        f"{readable(est.pipeline_period_s[p])} s/iteration, bubble {est.bubble_fraction[p]:.1%}",
+                        f"{readable(times[p])} s/iteration, bubble {bubbles[p]:.1%}",
                   title_justify="left")
         for col in ("stage", "device", "layers", "F ms", "B ms", "W ms", "in flight", "memory GB"):
             t.add_column(col, justify="left" if col in ("device", "layers") else "right")
@@ -116,8 +117,8 @@ def _print_human(est, plan, workload, pipes, timeline, calibration: str | None =
         con.print(t)
     con.print(f"schedule {plan.schedule}, sync {plan.sync.mode}"
               + (f" every {plan.sync.period}" if plan.sync.mode == "local-sgd" else ""))
-    con.print(f"iteration  {est.iteration_s:.4g} s = slowest pipeline {max(est.pipeline_period_s):.4g} s"
-              f" + exposed sync {est.exposed_comm_s:.4g} s + optimizer {est.optimizer_s:.4g} s"
+    con.print(f"iteration  {est.iteration_s:.4g} s = slowest pipeline {max(times):.4g} s"
+              f" + exposed sync {est.exposed_comm_s:.4g} s + optimizer and overhead {rest:.4g} s"
               f"  (sync alone {est.sync_s:.4g} s)")
     note = "" if plan.batch == workload.global_batch else f" (workload's global batch is {workload.global_batch})"
     con.print(f"batch      {plan.batch} samples{note}")

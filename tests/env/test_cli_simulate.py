@@ -70,6 +70,39 @@ def test_human_output(files, run_cli):
     assert code == 0 and json.loads(out)["calibration"] == "emulated-cpu"
 
 
+@pytest.mark.parametrize("calibration", [[], ["--calibration", "emulated-cpu"]])
+def test_the_printed_iteration_parts_add_up(tmp_path, demo_spec, run_cli, calibration):
+    # with emulated-cpu (no sync overlap) a ZB-H2 pipeline counts its makespan, not its shorter
+    # steady-state period: "0.4809 s = slowest pipeline 0.4642 s + exposed sync 0 s + optimizer 0.0002745 s"
+    import re
+
+    cluster, plan = tmp_path / "c.json", tmp_path / "zb.json"
+    cluster.write_text(json.dumps(demo_spec))
+    plan.write_text(json.dumps({"schedule": "zb-h2", "pipelines": [{"micro_batch_size": 4, "num_micro_batches": 16,
+                                "stages": [{"devices": ["cloud-0"], "layers": [0, 7]},
+                                           {"devices": ["cloud-1"], "layers": [7, 13]},
+                                           {"devices": ["cloud-2"], "layers": [13, 20]},
+                                           {"devices": ["cloud-3"], "layers": [20, 26]}]}]}))
+    args = ("-c", cluster, "-m", "gpt2-medium", *calibration)
+    code, out, err = run_cli("simulate", *args, "-p", plan)
+    assert code == 0, err
+    it, slowest, exposed, rest = map(float, re.search(
+        r"iteration  (\S+) s = slowest pipeline (\S+) s \+ exposed sync (\S+) s \+ optimizer and overhead (\S+) s",
+        out).groups())
+    assert slowest + exposed + rest == pytest.approx(it, rel=1e-3)
+    assert f"{readable(slowest)} s/iteration" in out  # the pipeline's own line says the same
+    est = json.loads(run_cli("simulate", *args, "-p", plan, "--json")[1])
+    counted = est["pipeline_period_s"] if not calibration else est["pipeline_s"]
+    assert slowest == pytest.approx(counted[0], rel=1e-3)
+    if calibration:
+        assert est["pipeline_s"][0] > est["pipeline_period_s"][0] * 1.01  # ZB-H2: the two differ
+    code, out, _ = run_cli("plan", *args, "--planner", "heuristic")
+    it, slowest, exposed, rest = map(float, re.search(
+        r"iteration  (\S+) s \(slowest pipeline (\S+) s, exposed sync (\S+) s, optimizer and overhead (\S+) s\)",
+        out).groups())
+    assert code == 0 and slowest + exposed + rest == pytest.approx(it, rel=1e-3)
+
+
 def test_a_plan_made_for_another_model_says_which(files, run_cli):
     cluster, plan, tmp = files
     named = tmp / "named.json"
