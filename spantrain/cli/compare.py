@@ -60,8 +60,18 @@ def run(args: argparse.Namespace) -> int:
         unknown = [n for n in names if n not in available_planners()]
         if unknown:
             raise PlannerError(f"unknown planner(s) {', '.join(unknown)} {available}")
+        from spantrain.policies.compare import EXHAUSTIVE_MAX_DEVICES
+
+        if "exhaustive" in names and len(cluster) > EXHAUSTIVE_MAX_DEVICES:  # not applicable: no row to fill
+            raise PlannerError(f"exhaustive covers at most {EXHAUSTIVE_MAX_DEVICES} devices and {args.cluster} has "
+                               f"{len(cluster)}: leave exhaustive out of --planners")
     else:
         names = default_planners(cluster)
+    from spantrain.env.costmodel import CostModel
+
+    # the inputs' own errors (measured layer times for another model, ...) are the command's, as
+    # in plan and simulate: they filled every planner's row with the same "infeasible" and exit 0
+    CostModel(cluster, workload, calibration, memo=False)
     options = {name: planner_options(name, args, strict=False) for name in names}
     unused_options(options, args)
     check_policy(args.policy)

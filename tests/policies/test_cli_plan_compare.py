@@ -167,13 +167,22 @@ def test_compare_default_list_and_human_table(run_cli, tmp_path):
     for name in ("heuristic", "ddp", "gpipe", "megatron", "ga"):
         assert name in out
     assert "exhaustive" not in out  # above 8 devices it is left out by default
-    code, out, err = run_cli("compare", "--cluster", path, "--model", "gpt2-small", "--planners", "exhaustive",
-                             "--json")
-    assert code == 0, err
-    row = json.loads(out)["planners"]["exhaustive"]
-    assert row["feasible"] is False and "at most 8" in row["reason"] and row["plan"] is None
-    # the advice named `plan`'s --planner, a flag compare does not have
-    assert "--planner " not in row["reason"] and "leave exhaustive out of --planners" in row["reason"]
+    # named, it is refused as `plan --planner exhaustive` refuses it (it was an "infeasible" row, exit 0)
+    code, out, err = run_cli("compare", "--cluster", path, "--model", "gpt2-small", "--planners",
+                             "heuristic,exhaustive", "--json")
+    _one_line_error(code, out, err, f"exhaustive covers at most 8 devices and {path} has 10: leave exhaustive out "
+                                    "of --planners")
+
+
+def test_compare_refuses_inputs_plan_refuses(run_cli, tmp_path, demo_spec):
+    # layer times measured for another model: every planner's row said the same "infeasible", exit 0
+    spec = json.loads(json.dumps(demo_spec))
+    spec["devices"][1]["layer_times"] = {"tiny-gpt": {"batch": 4, "forward_ms": [1, 2, 3], "backward_ms": [2, 4, 6]}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(spec))
+    for command in (("plan", "--planner", "heuristic"), ("compare",)):
+        code, out, err = run_cli(command[0], "--cluster", path, "--model", "tiny-gpt", *command[1:])
+        _one_line_error(code, out, err, "layer_times['tiny-gpt'] has 3 layers but model 'tiny-gpt' has 8")
 
 
 def test_compare_unknown_planner_exits_2(run_cli, cluster_file):
