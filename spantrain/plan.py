@@ -20,6 +20,7 @@ version runs exactly one device per stage and `validate` says so otherwise.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -191,12 +192,16 @@ class Plan:
                 out.append(f"{where}: has no stages")
                 continue
             expected_start = 0
+            shuffled = _out_of_order(p.stages)
+            if shuffled:  # every layer once, in the wrong stage order: not "covered twice" and "not covered"
+                out.append(f"{where}: stages are out of order: the layer ranges must follow each other from stage 0 "
+                           f"to the last (a stage's place is its place in the pipeline); in order: {shuffled}")
             for j, s in enumerate(p.stages):
                 sw = f"{where} stage {j}"
                 if len(s.devices) != 1:
                     out.append(f"{sw}: needs exactly one device, got {len(s.devices)} "
                                "(multi-device stages are not supported yet)")
-                for d in s.devices:
+                for d in dict.fromkeys(s.devices):  # a device twice in one stage is the count's problem, above
                     if cluster is not None and d not in cluster:
                         out.append(f"{sw}: unknown device {shown(d)}")
                     if d in seen:
@@ -210,7 +215,7 @@ class Plan:
                     continue
                 if a < 0:
                     out.append(f"{sw}: layer range [{a}, {b}) starts below 0 (layers are numbered from 0)")
-                elif a != expected_start:
+                elif a != expected_start and not shuffled:
                     if a > expected_start:
                         out.append(f"{sw}: layers [{expected_start}, {a}) are not covered")
                     else:
@@ -218,6 +223,8 @@ class Plan:
                 if n_layers is not None and b > n_layers:
                     out.append(f"{sw}: layer range [{a}, {b}) goes past the model's {n_layers} layers")
                 expected_start = max(b, 0)  # a range starting below 0 is reported above
+            if shuffled:
+                expected_start = max(s.layers[1] for s in p.stages)
             if n_layers is not None and expected_start < n_layers:
                 out.append(f"{where}: layers [{expected_start}, {n_layers}) are not covered "
                            f"(the model has {n_layers} layers)")
@@ -363,6 +370,19 @@ class Plan:
         return cls.from_dict(read_structured(path, PlanError), str(path))
 
     load = from_file
+
+
+def _out_of_order(stages) -> str:
+    """The stages' ranges in order ("stage 2 [0, 3), stage 0 [3, 8)") when they cover their
+    layers exactly once from 0 but not in stage order; else ""."""
+    ranges = [s.layers for s in stages]
+    if not all(isinstance(a, int) and isinstance(b, int) and 0 <= a < b for a, b in ranges):
+        return ""
+    order = sorted(range(len(ranges)), key=lambda j: ranges[j])
+    tiles = ranges[order[0]][0] == 0 and all(ranges[x][1] == ranges[y][0] for x, y in itertools.pairwise(order))
+    if not tiles or order == list(range(len(ranges))):
+        return ""
+    return ", ".join(f"stage {j} [{ranges[j][0]}, {ranges[j][1]})" for j in order)
 
 
 def _pos_int(x: Any) -> bool:

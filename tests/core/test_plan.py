@@ -83,6 +83,22 @@ def test_validate_reports_every_problem_at_once(demo_spec):
         assert expected in text, f"missing: {expected}\n{text}"
 
 
+def test_stages_out_of_order_are_named_as_such():
+    # every layer once, in the wrong order: it read "layers [3, 5) are not covered; ... covered twice"
+    swapped = _plan(pipelines=(Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(
+        Stage(devices=("cloud-0",), layers=(0, 3)), Stage(devices=("cloud-1",), layers=(5, 26)),
+        Stage(devices=("cloud-2",), layers=(3, 5)))),))
+    assert swapped.problems(workload=W) == [
+        "pipeline 0: stages are out of order: the layer ranges must follow each other from stage 0 to the last (a "
+        "stage's place is its place in the pipeline); in order: stage 0 [0, 3), stage 2 [3, 5), stage 1 [5, 26)"]
+    # a gap is still a gap, and a device twice in one stage is not "already used" by itself
+    gap = _plan(pipelines=(Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(
+        Stage(devices=("cloud-0", "cloud-0"), layers=(4, 26)), Stage(devices=("cloud-1",), layers=(0, 3)))),))
+    problems = gap.problems(workload=W)
+    assert not any("out of order" in p or "already used" in p for p in problems), problems
+    assert "pipeline 0 stage 0: needs exactly one device, got 2 (multi-device stages are not supported yet)" in problems
+
+
 def test_layer_range_past_the_model_and_period_without_local_sgd():
     plan = _plan(sync=Sync(mode="allreduce", period=4), pipelines=(
         Pipeline(micro_batch_size=1, num_micro_batches=1, stages=(Stage(devices=("a",), layers=(0, 30)),)),))
