@@ -94,7 +94,7 @@ def _note_other_prediction(plan, iteration_s: float, calibration: str | None) ->
         return
     say(f"spantrain simulate: note: the plan file predicted {before:.4g} s/iteration, the cost model gives "
         f"{iteration_s:.4g} s here: it was planned for another cluster, model, batch or --calibration than "
-        f"these (--calibration {calibration or 'none: the built-in constants'})")
+        f"these ({f'--calibration {calibration}' if calibration else 'the built-in constants, no --calibration'})")
 
 
 def _print_human(est, plan, workload, pipes, timeline, calibration: str | None = None, overlap: bool = True) -> None:

@@ -54,6 +54,8 @@ def test_a_plan_made_for_other_inputs_is_noted(files, run_cli):
         predicted = json.loads(made.read_text())["predicted"]["iteration_s"]
         assert (f"note: the plan file predicted {predicted:.4g} s/iteration" in err) is noted, err
         assert err.count("\n") == noted
+    # it named "--calibration none", which is no profile
+    assert err.strip().endswith("(the built-in constants, no --calibration)"), err
 
 
 def test_human_output(files, run_cli):
