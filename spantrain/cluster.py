@@ -342,9 +342,14 @@ def _check_devices(devices: tuple[Device, ...], network: Network) -> list[str]:
         seen.add(d.id)
         if d.region not in network.regions:
             problems.append(f"device {shown(d.id)}: region {shown(d.region)} is not listed under network.regions")
-    # with a default every region pair has a link; without one, each pair must be listed
-    regions = [] if network.default is not None else list(
-        dict.fromkeys(d.region for d in devices if d.region in network.regions))
+    return problems + _missing_region_links((d.region for d in devices), network)
+
+
+def _missing_region_links(used: Iterable[str], network: Network) -> list[str]:
+    """With a default every region pair has a link; without one, each pair of the regions
+    devices are in (`used`) must be listed."""
+    problems = []
+    regions = [] if network.default is not None else list(dict.fromkeys(r for r in used if r in network.regions))
     for i, a in enumerate(regions):
         for b in regions[i + 1:]:
             if network.between(a, b) is None:
@@ -530,6 +535,7 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     if "devices" in spec and (not isinstance(raw_devices, list) or not raw_devices):
         problems.append("devices: expected a non-empty list of devices (the cluster is empty)")
         raw_devices = []
+    used_regions: list[str] = []  # of every entry, its other figures right or not
     for k, entry in enumerate(raw_devices or []):
         where = f"devices[{k}]"
         if not isinstance(entry, dict):
@@ -545,6 +551,8 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
             region = None
         elif isinstance(region, str) and known is not None and region not in known:
             problems.append(f"{where}: unknown region {shown(region)} (not listed under network.regions)")
+        if isinstance(region, str):
+            used_regions.append(region)
         tflops = positive_number(entry, "tflops", where, problems)
         mem = positive_number(entry, "memory_gb", where, problems)
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1
@@ -619,10 +627,13 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
         if link:
             pair_overrides.append((pair[0], pair[1], link, directed))
 
+    network = Network(regions=regions, links=links, default=default)
+    # with the file's other problems, and under its name (the cluster's own check came after them, named the cluster)
+    problems.extend(_missing_region_links(used_regions, network))
     if problems:
         raise SpecError(f"{source}: " + join_problems(problems))
 
-    cluster = Cluster(name=name, devices=devices, network=Network(regions=regions, links=links, default=default))
+    cluster = Cluster(name=name, devices=devices, network=network)
     if not pair_overrides:
         return cluster
     bw = cluster.bandwidth.copy()

@@ -169,6 +169,13 @@ def test_every_problem_is_reported_at_once(demo_spec):
         Cluster.from_spec(demo_spec)
     assert "tflops" in str(err.value) and "nowhere" in str(err.value)
     assert "\n" not in str(err.value)
+    # a missing region link too, under the file's name: it came only once the rest was fixed, naming the cluster
+    del demo_spec["network"]["default"]
+    demo_spec["devices"][2]["region"] = "end-c"
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec, "f.yaml")
+    assert str(err.value).startswith("f.yaml: ") and "tflops" in str(err.value)
+    assert "no link between regions 'cloud-a' and 'end-c'" in str(err.value)
 
 
 @pytest.mark.parametrize("entry, dup", [(1, "end-0"), (2, "edge-0"), (2, "cloud-1")],
