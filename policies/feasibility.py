@@ -37,6 +37,12 @@ def no_fit_error(model: CostModel, planner: str) -> PlannerError:
     the numbers and the fix."""
     cluster, workload = model.cluster, model.workload
     n = len(cluster)
+    reserved = float(model.calib[C_RESERVED])
+    if reserved >= float(model.capacity_bytes.max()):  # the constants' fixed share fills every device by itself
+        return PlannerError(
+            f"{planner}: the cost-model constants reserve {fmt_memory(reserved)} on every device, and the largest "
+            f"device of cluster {cluster.name!r} has {fmt_memory(float(model.capacity_bytes.max()))}: nothing is "
+            "left for the model; check reserved_bytes in the --calibration profile")
     need = memory_floor(model, n)
     whole = memory_floor(model, 1)
     cap = model.capacity_bytes

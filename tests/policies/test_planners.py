@@ -142,6 +142,19 @@ def test_model_that_fits_nowhere_is_a_clear_error(name):
     assert "llama2-7b" in msg and "largest device" in msg and "12.0 GB" in msg and "add devices" in msg
 
 
+def test_constants_that_reserve_more_than_any_device_has_are_named():
+    # "add devices or devices with more memory": no device could help, the profile was at fault
+    from spantrain.env.calibration import Calibration
+    from spantrain.planner import plan_with
+
+    cluster = region_cluster({"lab": (2, 12, 40, 10)}, 1.0, name="small")
+    with pytest.raises(PlannerError) as err:
+        plan_with(get_planner("heuristic"), cluster, Workload.from_preset("tiny-gpt"), Calibration(reserved_bytes=1e12))
+    assert str(err.value) == ("heuristic: the cost-model constants reserve 1000.0 GB on every device, and the largest "
+                              "device of cluster 'small' has 40.0 GB: nothing is left for the model; check "
+                              "reserved_bytes in the --calibration profile")
+
+
 def test_ga_says_at_once_that_a_model_fits_nowhere():
     """Without a search: ga spent its whole budget (10 s by default) before saying so."""
     cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
