@@ -415,6 +415,8 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
     run_dir = Path(cfg.run_dir)
     world = len(devices)
     latest = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    if latest is not None and done is not None:  # iterations the metrics could not record (a full disk)
+        done = max(done, int(latest.name.removeprefix("step-")))
     where = f"after iteration {done}" if done is not None else "before the first iteration finished"
     ckpt = (f"last checkpoint: {latest} (continue with --resume)" if latest is not None
             else "no checkpoint was written")
@@ -422,12 +424,27 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
         return RunFailed(f"the run {how} {where}; stopped all {world} worker(s); {ckpt}; logs in {run_dir / 'logs'}")
     err_path = error_file(run_dir, rank)
     detail = err_path.read_text().strip() if err_path.exists() else ""
+    if not detail and (full := _full_run_dir(run_dir)):  # the worker could not say why: its files are there too
+        detail = full
     if detail.startswith(("cannot load checkpoint", "checkpoint file ")):  # says what to do instead of resuming it
         ckpt = "no checkpoint was written"
     # a worker that refused (its input: a damaged checkpoint, ...) exits EXIT_REFUSED; else the run failed
     error = ExecutionError if how == describe_exit(EXIT_REFUSED) else RunFailed
     return error(f"worker rank {rank} (device {devices[rank]}) {how} {where}{': ' + detail if detail else ''}; "
                  f"stopped the other {world - 1} worker(s); {ckpt}; logs in {run_dir / 'logs'}")
+
+
+def _full_run_dir(run_dir: Path) -> str | None:
+    """'the disk of RUN_DIR is full (12 KB free)' when it is."""
+    import shutil
+
+    from spantrain._spec import FULL_DISK_BYTES
+
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return None
+    return f"the disk of {run_dir} is full ({free // 1024} KB free)" if free < FULL_DISK_BYTES else None
 
 
 def _rank_devices(cfg: RunConfig) -> list[str]:

@@ -27,6 +27,7 @@ that is already `DRIFT_FACTOR` times the cost model's prediction (``"reference":
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -202,6 +203,8 @@ class MetricsLog:
         """Called with `drift_message` on drift (torchrun's rank 0; local runs' launcher reads the event)."""
         self.predicted_step_s = predicted_step_s
         """The cost model's seconds per iteration, drawn on W&B's chart beside the measured ones."""
+        self.write_error: str | None = None
+        """Why the file could not be written (a full disk); nothing more is written to it then."""
 
     def event(self, name: str, **fields: Any) -> None:
         """A non-iteration line: start, checkpoint, end."""
@@ -235,8 +238,14 @@ class MetricsLog:
             self.tracker.log(scalars, step=record["step"])
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self._file.write(json.dumps(obj) + "\n")
-        self._file.flush()  # the launcher's progress bar and a dying run both read this file
+        if self.write_error is not None:
+            return
+        try:
+            self._file.write(json.dumps(obj) + "\n")
+            self._file.flush()  # the launcher's progress bar and a dying run both read this file
+        except OSError as e:  # a full disk: the worker stops the run with a checkpoint, not with this error
+            self.write_error = f"cannot write {self.path} ({e.strerror or e})"
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):  # what a failed write left in the buffer cannot go either
+            self._file.close()

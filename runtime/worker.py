@@ -124,6 +124,10 @@ class StopFlag:
             os._exit(128 + received[0])
 
 
+_NO_SIGNAL = 1000
+"""A stop request's code when no signal made it (1 would read as SIGHUP)."""
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -321,7 +325,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 measure_reason = "drift" if metrics.drift_pending else "start"
             # column 4: the stop signal's number, so the result can say which rank was stopped
             row = torch.tensor([busy, st.p2p_wait_s, st.collective_s, loss_part,
-                                float(stop.signum or 1) if stop.requested else 0.0, cpu, float(ask)],
+                                float(stop.signum or _NO_SIGNAL) if stop.requested else 0.0, cpu, float(ask)],
                                dtype=torch.float64, device=device)
             rows = transport.all_gather_rows(row).cpu()
             now = time.perf_counter()
@@ -342,6 +346,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                "cpu_s": float(rows[r, 5])}
                               for r in range(world_size)],
                     **({"loss_scale": scale, "overflow": overflow} if scaler is not None else {})})
+                if metrics.write_error is not None:  # a full disk: all stop at the next iteration, with a checkpoint
+                    stop.requested = True
             if not stopping and rows[0, 6] > 0 and step < cfg.steps:
                 # a stop request during the measurement cuts it short and stops the run here (checkpointed
                 # below), not after one more iteration
@@ -385,6 +391,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                   "wandb": tracker.url_or_dir or None if tracker is not None else None}
         metrics.event("end", **{k: result[k] for k in ("final_step", "stopped_early", "checkpoint")})
         metrics.close()
+        if metrics.write_error is not None:
+            raise RunFailed(f"{metrics.write_error}: the run stopped after iteration {step}")
         if tracker is not None:
             # a run stopped early still ends its W&B run as finished: the summary says it was stopped
             # totals over the whole W&B run: a resumed or re-planned launch continues it, and its

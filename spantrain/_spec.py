@@ -13,6 +13,7 @@ import math
 import os
 import re
 import reprlib
+import shutil
 import signal
 import tempfile
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
            "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
-           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind"]
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -198,6 +199,10 @@ def replace_file(path: Path, write: Callable[[Path], object], signals: tuple[int
     held.deliver()
 
 
+FULL_DISK_BYTES = 64 * 1024
+"""Less free space than this on a directory's disk counts as full: a run's first records fill it."""
+
+
 def cannot_write_in(directory: str | Path) -> str | None:
     """Why this user cannot create a file in the existing `directory` (read-only, /proc, no
     permission), None when it can: tried with a temporary file, which the permission bits
@@ -207,6 +212,10 @@ def cannot_write_in(directory: str | Path) -> str | None:
             pass
     except OSError as e:
         return str(e.strerror or e)
+    # an empty file fits on a full disk: the run then failed at its first records, saying nothing
+    free = shutil.disk_usage(directory).free
+    if free < FULL_DISK_BYTES:
+        return f"its disk is full: {free // 1024} KB free"
     return None
 
 

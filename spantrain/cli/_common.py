@@ -149,8 +149,9 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
         nearest, reason = problem
         if not nearest.is_dir():
             raise SpantrainError(f"{flag} {p}: Not a directory ({str(nearest)!r} is a file)")
-        raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); pass a directory this "
-                             "user can write")
+        fix = ("free some space, or pass a directory on another disk" if reason.startswith("its disk is full")
+               else "pass a directory this user can write")
+        raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); {fix}")
     if create:
         try:
             p.mkdir(parents=True, exist_ok=True)

@@ -186,7 +186,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 def _check_paths(args: argparse.Namespace) -> None:
     """Directories the run writes that exist as files: refused now, not by a worker mid-run."""
     for flag, path in (("--checkpoint-dir", args.checkpoint_dir), ("--run-dir", args.run_dir)):
-        check_dir_option(flag, path)
+        check_dir_option(flag, path, creatable=True)  # a full disk too: the run failed at its first records
     if args.checkpoint_dir:
         _check_not_one_checkpoint(Path(args.checkpoint_dir))
     if args.metrics and Path(args.metrics).is_dir():

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from runtime_helpers import ASYMMETRIC, plan, run_plan, spantrain, spantrain_here, write_inputs
@@ -76,7 +77,8 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
     live = tmp_path / "live"
     with run_dir_lock(live):
         result = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
-                                           "--metrics", str(live / "metrics.jsonl"), "--run-dir", str(tmp_path / "run")))
+                                           "--metrics", str(live / "metrics.jsonl"),
+                                           "--run-dir", str(tmp_path / "run")))
     assert _one_error_line(*result) == (f"spantrain run: error: --metrics {live / 'metrics.jsonl'} is in the "
                                         f"directory of another spantrain run (pid {os.getpid()}), which is running: "
                                         "wait for it to finish, or pass another --metrics")
@@ -339,6 +341,51 @@ def test_a_signal_to_one_worker_stops_the_run_with_a_checkpoint_and_says_which(t
         f"with it after iteration {result['final_step']}; last checkpoint: {result['checkpoint']} (continue with "
         "--resume)"), err
     assert result["checkpoint"].endswith(f"step-{result['final_step']:08d}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs (root only; unmounted afterwards, also when the test fails)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path, leave_kb: int) -> None:
+    free_kb = shutil.disk_usage(disk).free // 1024
+    (disk / "fill").write_bytes(b"\0" * (free_kb - leave_kb) * 1024)
+
+
+def test_a_full_run_directory_is_refused_up_front(tmp_path, small_disk):
+    # an empty file still fits: the run started and a worker failed after 8 iterations with no reason
+    _fill(small_disk, 16)
+    line = _one_error_line(*spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "2",
+                                                      "--run-dir", str(small_disk / "run"))))
+    assert line == (f"spantrain run: error: --run-dir {small_disk / 'run'}: cannot write in '{small_disk}' (its disk "
+                    "is full: 16 KB free); free some space, or pass a directory on another disk"), line
+
+
+@pytest.mark.slow
+def test_a_run_directory_that_fills_up_stops_the_run_with_a_checkpoint_and_says_so(tmp_path, small_disk):
+    # it failed with "exited with code 1 after iteration 8; ... no checkpoint was written", though the
+    # checkpoint directory had room: the error file and the log were on the full disk too
+    _fill(small_disk, 72)
+    ckpt = tmp_path / "ckpt"
+    code, out, err = spantrain_here(*_run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000",
+                                               "--run-dir", str(small_disk / "run"), "--checkpoint-dir", str(ckpt)))
+    line = _one_error_line(code, out, err, expected=1)
+    saved = (ckpt / "latest").read_text().strip()
+    assert f"exited with code 1 after iteration {int(saved.removeprefix('step-'))}: " in line, line
+    assert (f"the disk of {small_disk / 'run'} is full" in line
+            or "No space left on device" in line), line  # the worker's own line, when a few bytes were left
+    assert line.endswith(f"last checkpoint: {ckpt / saved} (continue with --resume); logs in "
+                         f"{small_disk / 'run' / 'logs'}"), line
 
 
 def test_a_plan_whose_workers_outgrow_this_machine_is_refused_before_any_process_starts(tmp_path, monkeypatch):
