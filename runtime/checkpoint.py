@@ -288,7 +288,10 @@ def _dcp_reason(e: BaseException) -> str:
     if failures:
         rank = min(failures)
         inner = failures[rank][0]
-        return f"{type(inner).__name__}: {inner} (raised on rank {rank})"
+        # an EOFError says nothing ("EOFError:  (raised on rank 0)"): a shard cut short
+        what = str(inner).strip() or ("a file of the checkpoint ends too early (cut short or empty)"
+                                      if isinstance(inner, EOFError) else "no message")
+        return f"{type(inner).__name__}: {what} (raised on rank {rank})"
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

@@ -208,3 +208,14 @@ def test_a_worker_whose_checkpoint_cannot_be_written_failed_rather_than_refused(
         monkeypatch.setattr(worker, "run_worker", fail)
         assert worker.guarded(cfg, rank=0, world_size=1, init_method=None, local=True) == (code, None)
         assert error_file(tmp_path, 0).read_text() == f"{raised}\n"
+
+
+def test_a_shard_cut_short_is_said_so():
+    # "cannot load checkpoint ...: EOFError:  (raised on rank 0)": the detail was empty
+    from spantrain.runtime.checkpoint import _dcp_reason
+
+    class Wrapped(Exception):
+        failures = {1: (EOFError(), None), 0: (EOFError(), None)}
+
+    assert _dcp_reason(Wrapped()) == ("EOFError: a file of the checkpoint ends too early (cut short or empty) (raised "
+                                      "on rank 0)")
