@@ -411,6 +411,9 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         arch = Architecture(**raw)
         return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
                                   tied_embeddings=tied)
+    if "tied_embeddings" in spec:  # it was accepted and ignored
+        problems.append(f"{source}: tied_embeddings applies to the architecture form (the head's weights counted "
+                        "once); with a layers list, give each layer's own params and leave it out")
     layers = list(_parse_layers(spec["layers"], source, problems))
     if problems:
         raise WorkloadError(join_problems(problems))
@@ -438,6 +441,9 @@ def _parse_layers(raw: Any, source: str, problems: list[str]) -> Iterable[Layer]
         fwd = nonneg_number(entry, "forward_flops", where, problems)
         vals = {key: nonneg_number(entry, key, where, problems)
                 for key in ("params", "boundary_bytes", "activation_bytes")}
+        if vals["params"] is not None and not float(vals["params"]).is_integer():  # was cut to an int unsaid
+            problems.append(f"{where}: params must be a whole number of parameters, {got(vals['params'])}")
+            vals["params"] = None
         b = nonneg_number(entry, "input_grad_flops", where, problems) if "input_grad_flops" in entry else fwd
         w = nonneg_number(entry, "weight_grad_flops", where, problems) if "weight_grad_flops" in entry else fwd
         count = positive_int(entry, "count", where, problems) if "count" in entry else 1

@@ -111,6 +111,11 @@ def test_yaml_forms(tmp_path):
     # named by the file, as every other problem of the file is (it was named by the workload's name)
     ("global_batch: 2\nseq_len: 16\narchitecture: {family: gpt2, vocab_size: 1, d_model: 4, n_layers: 1, "
      "n_heads: 2, d_ff: 4, max_seq_len: 8}\n", "w.yaml: seq_len 16 exceeds the architecture's max_seq_len 8: lower"),
+    # accepted and ignored, or cut to an int, without a word
+    ("tied_embeddings: true\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: tied_embeddings applies to the architecture form"),
+    ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1.5, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "w.yaml: layers[0]: params must be a whole number of parameters, got 1.5"),
     # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 0, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "workload 'w': every layer has 0 FLOPs, so there is no work to plan"),
