@@ -85,6 +85,7 @@ class ClusterFile:
         self._stat = self._signature()
         self._digest = self._read_digest()
         self._reported: str | None = None
+        self._unreadable_polls = 0
 
     def _signature(self) -> tuple[int, int] | None:
         try:
@@ -106,6 +107,10 @@ class ClusterFile:
         content) and gives None: a writer may be half-way through it, or it may be wrong.
         """
         sig = self._signature()
+        unreadable = sig is None or not self.path.is_file()
+        self._unreadable_polls = self._unreadable_polls + 1 if unreadable else 0
+        if self._unreadable_polls == 2:  # not a writer's moment in between: deleted, moved, a directory now
+            note(f"{self.what} {self.path} is gone or no file now; keeping {self.keeping} until it is back")
         if sig == self._stat:
             return None
         self._stat = sig

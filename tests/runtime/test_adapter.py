@@ -48,6 +48,18 @@ def test_cluster_file_reports_real_changes_once_and_waits_out_a_broken_file(tmp_
     assert watch.poll(notes.append) is None and len(notes) == 1
 
 
+def test_a_cluster_file_that_is_gone_is_noted_once_and_followed_when_it_is_back(tmp_path):
+    # deleted (or a directory in its place) mid-run, it was ignored without a word
+    path, _ = write_inputs(tmp_path)
+    watch, notes = ClusterFile(path), []
+    path.unlink()
+    assert watch.poll(notes.append) is None and notes == []  # a writer's moment between delete and write
+    assert watch.poll(notes.append) is None and watch.poll(notes.append) is None
+    assert notes == [f"the cluster file {path} is gone or no file now; keeping the running plan until it is back"]
+    rewrite(path, SLOW_WAN)
+    assert isinstance(watch.poll(notes.append), Cluster) and len(notes) == 1
+
+
 def _adapter(tmp_path, replan, steps=20):
     path, _ = write_inputs(tmp_path)
     notes = []
