@@ -58,9 +58,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         return {"steps": 0, "samples_per_s": None, "step_s": None, "cpu_s": None, "loss_first": None,
                 "loss_last": None}
     steady = records[warmup_steps(len(records)):]
+    step_s = statistics.median(r["step_s"] for r in steady)
+    batches = {r.get("samples") for r in steady}
+    # one batch: batch / median seconds, so the two figures a report prints agree (over an even
+    # count the median of per-step rates is not the rate of the median step: 51.1 against 50.9)
+    (batch,) = batches if len(batches) == 1 else (None,)
     return {"steps": len(records),
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
-            "step_s": statistics.median(r["step_s"] for r in steady),
+            "samples_per_s": batch / step_s if batch and step_s > 0 else
+            statistics.median(r["samples_per_s"] for r in steady),
+            "step_s": step_s,
             "cpu_s": statistics.median(r["cpu_s"] for r in steady) if all("cpu_s" in r for r in steady) else None,
             "loss_first": records[0]["loss"], "loss_last": records[-1]["loss"],
             "warmup_steps": warmup_steps(len(records))}

@@ -190,6 +190,10 @@ def test_summary_uses_medians_after_warmup():
     assert warmup_steps(5) == 2 and out["step_s"] == 1.0 and out["samples_per_s"] == 10.0
     assert out["loss_first"] == 5.0 and out["loss_last"] == 1.0 and out["steps"] == 5
     assert summarize(recs[:1])["step_s"] == 9.0
+    # an even count: the rate is the batch over the median step, as the report prints them side by side
+    even = [{"step": i + 1, "loss": 1.0, "step_s": s, "samples": 32, "samples_per_s": 32 / s}
+            for i, s in enumerate([9.0, 3.0, 0.62, 0.64])]
+    assert summarize(even)["step_s"] == 0.63 and summarize(even)["samples_per_s"] == 32 / 0.63
 
 
 def test_a_worker_whose_checkpoint_cannot_be_written_failed_rather_than_refused(tmp_path, monkeypatch):
