@@ -8,6 +8,7 @@ and `enabled=False` costs nothing.
 from __future__ import annotations
 
 import contextlib
+import math
 import netrc
 import os
 import sys
@@ -55,7 +56,36 @@ def check_environment() -> str:
         wandb.Settings().update_from_env_vars(dict(os.environ))
     except Exception as e:  # pydantic's ValidationError, wandb's UsageError: wandb's errors for its settings
         raise SpantrainError(_refused_setting(e)) from None
+    _check_init_timeout()
+    _check_directories()
     return mode
+
+
+def _check_init_timeout() -> None:
+    """wandb takes 0 or a negative timeout, then waits for ever for the run to start online."""
+    value = os.environ.get("WANDB_INIT_TIMEOUT")
+    if value is None:
+        return
+    with contextlib.suppress(ValueError):  # not a number: wandb's own check names it
+        if not 0 < float(value) < math.inf:
+            raise SpantrainError(f"WANDB_INIT_TIMEOUT={value} makes W&B wait for ever for a run to start: give a "
+                                 "positive number of seconds, or unset it")
+
+
+_DIRECTORY_VARIABLES = ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR", "WANDB_CONFIG_DIR")
+
+
+def _check_directories() -> None:
+    """A W&B directory that cannot be written failed after the whole training (the final table's
+    staging files), with a traceback."""
+    from spantrain._spec import cannot_create
+
+    for var in _DIRECTORY_VARIABLES:
+        value = os.environ.get(var)
+        problem = cannot_create(value) if value else None
+        if problem is not None:
+            raise SpantrainError(f"{var}={value}: W&B cannot write there ({problem[1]} at {problem[0]}): pass a "
+                                 "directory this user can write, or unset it")
 
 
 def _refused_setting(e: Exception) -> str:

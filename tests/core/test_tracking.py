@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,27 @@ def test_a_wandb_variable_wandb_refuses_is_named_in_one_line(monkeypatch, var, v
         check_environment()
     assert str(e.value).startswith(says) and str(e.value).endswith("): fix it or unset it"), str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    # wandb takes them, then waits for ever for the run to start online (Ctrl-C: a traceback, wandb-core left)
+    ("WANDB_INIT_TIMEOUT", "0", "WANDB_INIT_TIMEOUT=0 makes W&B wait for ever for a run to start: give a positive "
+                                "number of seconds, or unset it"),
+    ("WANDB_INIT_TIMEOUT", "-5", "WANDB_INIT_TIMEOUT=-5 makes W&B wait for ever"),
+    # a traceback after the whole training, when the final table was staged
+    ("WANDB_DATA_DIR", "/dev/null/x", "WANDB_DATA_DIR=/dev/null/x: W&B cannot write there (Not a directory at "
+                                      "/dev/null): pass a directory this user can write, or unset it"),
+])
+def test_wandb_values_wandb_takes_but_cannot_work_with_are_named(monkeypatch, var, value, says):
+    from spantrain.errors import SpantrainError
+    from spantrain.tracking import check_environment
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SpantrainError, match=re.escape(says)):
+        check_environment()
+    monkeypatch.setenv(var, "30" if var == "WANDB_INIT_TIMEOUT" else str(os.getcwd()))
+    check_environment()
 
 
 def test_an_empty_wandb_variable_counts_as_unset(monkeypatch):
