@@ -31,7 +31,7 @@ import numpy as np
 
 from spantrain._interrupt import SignalsHeld
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, scenario_pool, scenario_workload
-from spantrain.errors import SpantrainError
+from spantrain.errors import DiskFull, SpantrainError
 from spantrain.policies.train_config import TrainConfig
 from spantrain.profiler.topology import generate
 
@@ -464,6 +464,14 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                 stale.unlink()
                 print(f"train-policy: removed {stale} (the weights where this run was stopped; its policies are now "
                       f"{policy_path.name} and {best_path.name})", file=sys.stderr)
+    except DiskFull as e:  # the last resume.pt is whole (written beside, renamed into place)
+        with contextlib.suppress(Exception):  # W&B's files are on that disk too
+            tracker.finish(exit_code=1)
+        from spantrain.policies.resume import RESUME_FILE
+
+        state = out / RESUME_FILE
+        raise DiskFull(f"{e}" + (f"; the run's last state is in {state}: continue with spantrain train-policy --resume "
+                                 f"--out-dir {out} once there is room" if state.exists() else "")) from None
     except (ValueError, RuntimeError):
         # PPO diverged: NaN weights fail the next forward pass (torch's distribution or sampling)
         if phase == "imitation" or not _diverged(model.policy):

@@ -193,10 +193,32 @@ def replace_file(path: Path, write: Callable[[Path], object], signals: tuple[int
         try:
             write(tmp)
             os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # torch.save says a full disk as "unexpected pos 828352 vs 828244"
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)  # first: what it held may be all the room there is
+            full = _full_disk(path, e)
+            if full is None:
+                raise
+            raise full from e
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
     held.deliver()
+
+
+def _full_disk(path: Path, error: BaseException):
+    """A `DiskFull` naming `path` when `error` came of its disk being full, else None."""
+    from spantrain.errors import DiskFull
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return None
+    enospc = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not enospc and free >= FULL_DISK_BYTES:
+        return None
+    # no figure of the free space: the failed writer may still hold what it wrote
+    return DiskFull(f"cannot write {path}: its disk is full; free some space (the file as it was before is kept)")
 
 
 FULL_DISK_BYTES = 64 * 1024

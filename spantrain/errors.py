@@ -17,6 +17,7 @@ __all__ = [
     "PlannerError",
     "ExecutionError",
     "RunFailed",
+    "DiskFull",
     "EmulationError",
     "PolicyError",
     "join_problems",
@@ -72,6 +73,10 @@ class RunFailed(ExecutionError):
     """A run failed on its own, not on its input: a worker died, hung or lost contact."""
 
     exit_code = 1
+
+
+class DiskFull(RunFailed):
+    """A file could not be written because its disk is full (the run's own failure: exit code 1)."""
 
 
 class EmulationError(SpantrainError):

@@ -1,0 +1,34 @@
+"""`spantrain._spec`'s file writing: whole files or the old ones, and a full disk said as such."""
+
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+
+import pytest
+
+from spantrain._spec import replace_file
+from spantrain.errors import DiskFull
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def _cut_short(tmp):  # what torch.save raised on a 2 MB tmpfs, with part of the file written
+    tmp.write_bytes(b"part")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 828352 vs 828244")
+
+
+def test_a_full_disk_is_said_as_such_and_the_old_file_kept(tmp_path, monkeypatch):
+    # train-policy ended in 30 lines of torch traceback
+    path = tmp_path / "resume.pt"
+    path.write_text("old")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(2**21, 2**21, 0))
+    with pytest.raises(DiskFull) as e:
+        replace_file(path, _cut_short)
+    assert str(e.value) == f"cannot write {path}: its disk is full; free some space (the file as it was before is kept)"
+    assert e.value.exit_code == 1 and path.read_text() == "old" and sorted(tmp_path.iterdir()) == [path]
+    # with room on the disk the writer's own error stands: it is not about space
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(2**30, 0, 2**30))
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        replace_file(path, _cut_short)
+    assert sorted(tmp_path.iterdir()) == [path]
