@@ -350,8 +350,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
             total = first + -(-(config.timesteps - first) // rollout) * rollout
             self.bar = tqdm(total=total, initial=first, desc="train-policy", unit="step",
                             disable=not config.progress)
-            # the next multiple of eval_every the curve has not reached (a resumed run's may have)
-            done = max([first, *(p["steps"] for p in curve)])
+            # the next multiple of eval_every the curve has not reached (a resumed run's may have); not
+            # past the resumed step itself: an evaluation cut off there by the stop was skipped for good
+            done = max(p["steps"] for p in curve) if curve else max(first - 1, 0)
             self.next_eval = (done // config.eval_every + 1) * config.eval_every
             self.returns: list[float] = []
             self.gains: list[float] = []

@@ -179,6 +179,29 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
 
 
 @pytest.mark.slow
+def test_an_evaluation_cut_off_by_ctrl_c_is_made_when_the_run_resumes(run_cli, tmp_path, monkeypatch):
+    # the resumed run counted its own step as evaluated: the curve had a gap there for good
+    import spantrain.policies.training as training
+
+    run, real = tmp_path / "run", training.evaluate_policy
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "evaluate_policy", ctrl_c)  # the first evaluation is step 48's
+    code, _, err = run_cli("train-policy", "--timesteps", "96", "--out-dir", run, "--cache-dir", tmp_path / "cache",
+                           "--no-track", *TINY)
+    assert code == 130, err
+    saved = ResumeState.from_dir(run)
+    assert saved.num_timesteps == 48 and saved.curve == []
+    monkeypatch.setattr(training, "evaluate_policy", real)
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--no-track")
+    assert code == 0, err
+    assert [p["steps"] for p in json.loads((run / "summary.json").read_text())["curve"]] == [48, 96]
+    assert (run / "checkpoints" / "policy-48.pt").exists()
+
+
+@pytest.mark.slow
 def test_ctrl_c_during_an_update_keeps_the_state_of_the_update_before(run_cli, tmp_path, monkeypatch):
     """PPO updates the weights and Adam in place: a state saved mid-update would pair half an
     update with the previous one's counters."""
