@@ -27,6 +27,7 @@ def run_script(main: Callable[[], int], script: str) -> int:
     """A script's ``__main__``: `main`'s exit code; bad input (`SpantrainError`) in one line and
     code 2; Ctrl-C, SIGTERM or SIGHUP in one line and code 130, as `spantrain` does (a traceback
     otherwise; SIGTERM left the scripts' temporary directories behind, since no `finally` ran)."""
+    from spantrain._interrupt import SignalsHeld
     from spantrain.errors import SpantrainError
     from spantrain.runtime import stop_signals
 
@@ -40,3 +41,8 @@ def run_script(main: Callable[[], int], script: str) -> int:
         return INTERRUPTED
     finally:
         stop_signals.restore(old)
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if getattr(main_spec, "name", "").endswith(f".{script}"):  # the program, about to end (not a caller's call)
+            # done and said: a Ctrl-C during the interpreter's teardown (W&B's) ended a finished script
+            # with 130 and no word. Held and dropped (the same signal again, 10 s on, still ends it)
+            SignalsHeld(deliver=False).__enter__()

@@ -22,15 +22,16 @@ def run() -> int:
         from spantrain.cli import main
 
         code = main()
-        if code == _interrupt.INTERRUPTED:
-            # the command stopped and saved; the process ends: another Ctrl-C would only cut its
-            # exit (W&B's and torch's atexit teardown) into tracebacks and lost records. Held and
-            # dropped (the same signal again, 10 s on, still ends it)
-            _interrupt.SignalsHeld(deliver=False).__enter__()
-        elif signal.getsignal(signal.SIGINT) is _interrupt.quit_on_ctrl_c:
+        if signal.getsignal(signal.SIGINT) is _interrupt.quit_on_ctrl_c:
             # a command that keeps nothing is done and said all: a Ctrl-C while the interpreter
             # shuts down (which restores the default handler) ended it with 130 and no word
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            # the command is done (stopped and saved, or finished: train-policy had shipped its policy
+            # and printed its result, then exited 130 unsaid): a Ctrl-C would only cut the exit (W&B's
+            # and torch's atexit teardown) into tracebacks and lost records. Held and dropped (the same
+            # signal again, 10 s on, still ends it)
+            _interrupt.SignalsHeld(deliver=False).__enter__()
         return code
     except KeyboardInterrupt:  # SIGINT had another handler than Python's (run() called in-process)
         if not os.environ.get(_interrupt.QUIET_INTERRUPT_ENV):

@@ -424,19 +424,27 @@ def test_ctrl_c_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
     assert yaml.safe_load((tmp_path / "c.yaml").read_text())["name"] == "cee-4-s0"  # whole: Ctrl-C waited
 
 
-def test_ctrl_c_as_a_finished_command_exits_keeps_its_exit_code():
+@pytest.mark.parametrize("argv", [["topo", "generate", "--devices", "4"],
+                                  # a command that handles Ctrl-C itself (train-policy had shipped its policy)
+                                  ["run", "--cluster", "missing.yaml", "--model", "tiny-gpt", "--planner", "heuristic",
+                                   "--steps", "1"]])
+def test_ctrl_c_as_a_finished_command_exits_keeps_its_exit_code(argv):
     # a command that had printed everything was reported as interrupted (130, no line: the
     # interpreter's shutdown restores the default handler)
     script = ("import os, signal, sys\n"
               "from spantrain.__main__ import run\n"
-              "sys.argv[1:] = ['topo', 'generate', '--devices', '4']\n"
+              f"sys.argv[1:] = {argv!r}\n"
               "code = run()\n"
               "os.kill(os.getpid(), signal.SIGINT)\n"
               "raise SystemExit(code)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             preexec_fn=_default_sigint, timeout=120)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert yaml.safe_load(result.stdout)["name"] == "cee-4-s0"
+    if argv[0] == "topo":
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert yaml.safe_load(result.stdout)["name"] == "cee-4-s0"
+    else:
+        assert result.returncode == 2 and result.stderr.startswith("spantrain run: error: missing.yaml"), result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 @pytest.mark.parametrize("quiet", [False, True])
