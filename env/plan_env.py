@@ -294,9 +294,11 @@ class PlanEnv(gym.Env):
             if scenario.start.feasible:
                 self.load(scenario)
                 return self._obs(), self._info()
-        raise SpantrainError("could not draw a scenario with a feasible starting plan in 50 tries: the models fit "
-                             "none of the clusters drawn; allow larger clusters (min_devices, max_devices), smaller "
-                             "models, or a larger pool (pool_size)")
+        c = self.config
+        raise SpantrainError(f"could not draw a scenario with a feasible starting plan in 50 tries: the models "
+                             f"({', '.join(c.models)}) fit none of the clusters of EnvConfig.min_devices "
+                             f"({c.min_devices}) to EnvConfig.max_devices ({c.max_devices}) devices drawn; allow "
+                             "larger clusters (EnvConfig.max_devices) or smaller models (EnvConfig.models)")
 
     # ---- dynamics -------------------------------------------------------------------------
 

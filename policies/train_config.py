@@ -184,9 +184,12 @@ class TrainConfig:
         if self.max_devices > MAX_DEVICES:
             raise SpantrainError(f"TrainConfig.max_devices must be at most {MAX_DEVICES} (the largest generated "
                                  f"cluster), got {self.max_devices}")
-        if self.min_devices < 2 or self.min_devices > self.max_devices:
-            raise SpantrainError(f"TrainConfig.min_devices must be from 2 to TrainConfig.max_devices "
-                                 f"({self.max_devices}), got {self.min_devices}")
+        if self.min_devices < 2:
+            raise SpantrainError(f"TrainConfig.min_devices must be at least 2, got {self.min_devices}")
+        if self.min_devices > self.max_devices:  # either may be the one the user gave
+            raise SpantrainError(f"TrainConfig.min_devices ({self.min_devices}) is above TrainConfig.max_devices "
+                                 f"({self.max_devices}): raise TrainConfig.max_devices or lower "
+                                 "TrainConfig.min_devices")
         self._check_models()
         _check_number("adapt_prob", self.adapt_prob, "in [0, 1]", lambda v: 0 <= v <= 1)
         _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1)

@@ -67,11 +67,13 @@ def flag(field_name: str) -> str:
 
 
 @contextlib.contextmanager
-def flags_in_errors(cls: type) -> Iterator[None]:
+def flags_in_errors(cls: type, *alike: type) -> Iterator[None]:
     """Inside, a `SpantrainError` naming a field of `cls` as ``Cls.field`` names its flag
     instead (``TrainConfig.n_envs`` -> ``--n-envs``): the config speaks to library users,
-    the command line to the person who typed the flag."""
+    the command line to the person who typed the flag. `alike`: configs built from `cls`
+    whose fields of the same names are `cls`'s (``EnvConfig.max_devices``)."""
     fields = {f.name for f in dataclasses.fields(cls)}
+    names = "|".join(c.__name__ for c in (cls, *alike))
 
     def to_flag(m: re.Match) -> str:
         return flag(m.group(1)) if m.group(1) in fields else m.group(0)
@@ -79,7 +81,7 @@ def flags_in_errors(cls: type) -> Iterator[None]:
     try:
         yield
     except SpantrainError as e:
-        e.args = (re.sub(rf"\b{cls.__name__}\.(\w+)", to_flag, str(e)),)
+        e.args = (re.sub(rf"\b(?:{names})\.(\w+)", to_flag, str(e)),)
         raise
 
 

@@ -30,12 +30,13 @@ def run(args: argparse.Namespace) -> int:
     import shutil
 
     from spantrain.cli._dataclass_args import dataclass_from_args, flags_in_errors
+    from spantrain.env.plan_env import EnvConfig
     from spantrain.policies.ppo import SHIPPED_POLICY
     from spantrain.policies.train_config import TrainConfig
     from spantrain.policies.training import train
     from spantrain.runtime import stop_signals
 
-    with flags_in_errors(TrainConfig):
+    with flags_in_errors(TrainConfig, EnvConfig):
         config = _resumed_config(args) if args.resume else dataclass_from_args(TrainConfig, args)
         _check_dirs(config)
         if args.ship:

@@ -92,7 +92,11 @@ def test_bad_value_is_named_with_the_value(field, value, needle):
     (["--n-steps", "1", "--n-envs", "1"], "--n-steps x --n-envs must be at least 2 (PPO's advantages over a "
                                           "one-step rollout are NaN), got 1 x 1"),
     (["--max-devices", "100000"], "--max-devices must be at most 4096 (the largest generated cluster), got 100000"),
-    (["--min-devices", "40"], "--min-devices must be from 2 to --max-devices (32), got 40"),
+    (["--min-devices", "40"], "--min-devices (40) is above --max-devices (32): raise --max-devices or lower "
+                              "--min-devices"),
+    # it blamed --min-devices, which the user had not given
+    (["--max-devices", "1"], "--min-devices (4) is above --max-devices (1)"),
+    (["--min-devices", "1"], "--min-devices must be at least 2, got 1"),
     (["--workers", "5000"], "--workers must be at most 256"),
     (["--models", ","], "--models is empty: name at least one preset"),
     (["--models", ""], "--models is empty: name at least one preset"),
@@ -380,8 +384,10 @@ def test_a_pool_whose_models_fit_none_of_its_clusters_says_what_to_widen(run_cli
     code, out, err = run_cli("train-policy", *args, "--no-track", "--out-dir", tmp_path / "run", "--cache-dir",
                              tmp_path / "cache")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert err.strip().endswith("the models fit none of the clusters drawn; allow larger clusters (min_devices, "
-                                "max_devices), smaller models, or a larger pool (pool_size)"), err
+    # and then named the fields, where every other message names the flags
+    assert err.strip().endswith("the models (llama2-7b) fit none of the clusters of --min-devices (4) to "
+                                "--max-devices (6) devices drawn; allow larger clusters (--max-devices) or smaller "
+                                "models (--models)"), err
 
 
 def test_a_stop_inside_a_compiled_kernels_first_call_stops_the_run_as_any_stop(run_cli, tmp_path, monkeypatch):
