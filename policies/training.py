@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -176,6 +177,8 @@ def _check_can_create(path: str | None, field: str) -> None:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run a training job; returns a summary (paths, timings, final evaluation). The run owns
     `config.out_dir` while it runs: a second run started there fails at once, naming this one."""
+    if config.cache_dir:  # as the run's saved settings name it: a resume from elsewhere computed the starts anew
+        config = dataclasses.replace(config, cache_dir=os.path.abspath(config.cache_dir))
     with contextlib.ExitStack() as held:
         return _train(config, held)
 

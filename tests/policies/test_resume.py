@@ -260,11 +260,13 @@ def test_a_run_resumes_from_another_directory_and_after_being_moved(run_cli, tmp
     began = tmp_path / "began"
     began.mkdir()
     monkeypatch.chdir(began)
-    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", "run", "--cache-dir",
-                           tmp_path / "cache", "--no-track", *TINY)
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", "run", "--cache-dir", "cache",
+                           "--no-track", *TINY)
     assert code == 0, err
     state = ResumeState.from_dir(began / "run")
     assert state.best["policy"] == "best-policy.pt"  # relative to the run's directory
+    # the cache as a path from anywhere: a resume from elsewhere made a new ./cache and computed the starts again
+    assert state.config["cache_dir"] == str(began / "cache")
     # its best stays the step-48 checkpoint (as a run's best often is an earlier one): the final
     # steps load it by the name the state gives
     typed = {"as this version writes it": "checkpoints/policy-48.pt",
@@ -278,6 +280,7 @@ def test_a_run_resumes_from_another_directory_and_after_being_moved(run_cli, tmp
     monkeypatch.chdir(elsewhere)
     code, _, err = run_cli("train-policy", "--resume", "--out-dir", moved, "--timesteps", "96")
     assert code == 0, err
+    assert not (elsewhere / "cache").exists()
     summary = json.loads((moved / "summary.json").read_text())
     assert summary["best"] == {"steps": 48, "geomean_ratio": 99.0, "policy": str(moved / "best-policy.pt")}
     chosen, _, _ = load_policy(moved / "best-policy.pt")
