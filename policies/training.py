@@ -534,6 +534,8 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         if plot:
             tracker.log_image("eval/curve", plot, step=model.num_timesteps)
         tracker.summary({"final/" + k: v for k, v in meta["final_eval"].items()})
+        if resumed is not None:  # a resumed W&B run keeps its summary: the stop's marks outlived the finish
+            tracker.summary({"interrupted": False, "interrupted_steps": None})
         tracker.finish()
     except KeyboardInterrupt as stop:
         raise TrainingInterrupted(f"{_by(stop)}after training, while finishing its plot and W&B run; the best policy "

@@ -101,7 +101,7 @@ def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch):
+def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
     from sb3_contrib import MaskablePPO
 
     run = tmp_path / "run"
@@ -165,6 +165,11 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
     parts = sorted((run / "wandb" / "wandb").glob("offline-run-*"))
     assert len(parts) == 2 and all(p.name.split("-")[-1 if p.name.endswith(first_id) else -2] == first_id
                                    for p in parts), parts
+    # the finished run's summary no longer says it was interrupted (W&B keeps a resumed run's summary)
+    key = b"\x0a\x0binterrupted\x82\x01"
+    first, second = (wandb_records(p, key) for p in parts)
+    assert key in first and key + b"\x05false" not in first  # the phase it was stopped in
+    assert key + b"\x05false" in second
 
     # a finished run trains further only when asked for more steps, with its own settings
     code, _, err = run_cli("train-policy", "--resume", "--out-dir", run)
