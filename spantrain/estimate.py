@@ -66,7 +66,7 @@ class Estimate:
             times, bubbles = self.pipeline_period_s, self.bubble_fraction
         else:  # the same busy time over the makespan
             times = self.pipeline_s
-            bubbles = tuple(1.0 - (1.0 - b) * per / span if span > 0 else b
+            bubbles = tuple(max(1.0 - (1.0 - b) * per / span, 0.0) if span > 0 else b
                             for b, per, span in zip(self.bubble_fraction, self.pipeline_period_s, self.pipeline_s))
         rest = self.iteration_s - max(times, default=0.0) - self.exposed_comm_s
         return times, bubbles, max(rest, 0.0)

@@ -310,3 +310,19 @@ def test_overlapped_local_sgd_pays_the_drain_its_averaging_iteration_cannot_over
         assert ref.iteration_s == pytest.approx(est.iteration_s, rel=1e-9)
     allreduce = cm.estimate(dataclasses.replace(plan, schedule="zb-h2", sync=Sync(mode="allreduce", period=1)))
     assert est.iteration_s < allreduce.iteration_s  # averaging every 4 iterations still pays
+
+
+def test_bubble_fractions_are_never_below_zero():
+    # a pipeline never idle came out at -4.44e-16 in plan --json
+    from spantrain.plan import Pipeline, Plan, Stage
+    from spantrain.profiler.topology import generate
+    from spantrain.workload import Workload
+
+    cluster, workload = generate(2, 3, "cee"), Workload.from_preset("gpt2-small")
+    n = workload.num_layers
+    for m, count in ((1, 1), (1, 8), (4, 2)):
+        plan = Plan(pipelines=(Pipeline(micro_batch_size=m, num_micro_batches=count, stages=(
+            Stage(devices=(cluster.ids[0],), layers=(0, n)),)),))
+        est = CostModel(cluster, workload).estimate(plan)
+        assert all(b >= 0.0 for b in est.bubble_fraction), est.bubble_fraction
+        assert all(b >= 0.0 for b in est.as_run(False)[1])
