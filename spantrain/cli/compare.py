@@ -36,8 +36,11 @@ _PLAN_ADVICE = re.compile(r"use --planner [\w-]+(?: or [\w-]+)*")
 def register(p: argparse.ArgumentParser) -> None:
     add_cluster_arg(p)
     add_model_args(p)
+    from spantrain.policies.registry import available_planners
+
     p.add_argument("--planners", metavar="A,B,...",
-                   help="planners to run, comma-separated (default: all; exhaustive only up to 8 devices)")
+                   help=f"planners to run, comma-separated, of {', '.join(available_planners())} (default: all; "
+                        "exhaustive only up to 8 devices)")
     add_planner_option_args(p)
     add_calibration_arg(p, "every planner scores plans with, and the table's figures come from")
     add_json_arg(p)

@@ -112,8 +112,11 @@ def check_policy(path: str | None) -> None:
 def register(p: argparse.ArgumentParser) -> None:
     add_cluster_arg(p)
     add_model_args(p)
+    from spantrain.policies.registry import available_planners
+
     p.add_argument("--planner", default=DEFAULT_PLANNER, metavar="NAME",
-                   help=f"planner name ({DEFAULT_PLANNER} by default; see `spantrain compare`)")
+                   help=f"planner: {', '.join(available_planners())} ({DEFAULT_PLANNER} by default; `spantrain "
+                        "compare` runs them side by side)")
     add_planner_option_args(p)
     p.add_argument("--from", dest="running", metavar="FILE",
                    help="adapt this running plan to the cluster as it is now (keep it, move it or re-plan, "

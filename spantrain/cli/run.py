@@ -63,7 +63,10 @@ def register(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", metavar="FILE", help="plan JSON (as written by `spantrain plan -o`)")
-    src.add_argument("--planner", metavar="NAME", help="make the plan with this planner")
+    from spantrain.policies.registry import available_planners
+
+    src.add_argument("--planner", metavar="NAME",
+                     help=f"make the plan with this planner ({', '.join(available_planners())})")
     p.add_argument("--steps", type=int, required=True, metavar="N",
                    help="train until N iterations in total (a resumed run continues up to N)")
     p.add_argument("--data", metavar="PATH", help="text file whose bytes are the tokens (default: built-in "

@@ -8,6 +8,7 @@ import sys
 from spantrain._spec import plural
 from spantrain.cli._common import add_json_arg, check_output_file, load_cluster, print_json, stdout_console
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
+from spantrain.errors import SpecError
 
 __all__ = ["register"]
 
@@ -40,6 +41,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     from spantrain.profiler.topology import generate
 
+    if args.name is not None and not args.name.strip():  # "" fell back to the default name, "  " was written
+        raise SpecError(f"--name {args.name!r} is empty: give the cluster a name, or leave --name out for "
+                        "PROFILE-N-sSEED")
     if args.output:
         check_output_file(args.output, "-o")
     cluster = generate(args.devices, seed=args.seed, profile=args.profile, name=args.name)

@@ -162,6 +162,20 @@ def test_bad_arguments(run_cli):
     _one_line_error(code, out, err, "invalid int value")
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_cluster_name_is_refused(run_cli, name):
+    # "" fell back to the default name unsaid, "  " was written as the name
+    code, out, err = run_cli("topo", "generate", "--devices", "4", "--name", name)
+    _one_line_error(code, out, err, f"--name {name!r} is empty: give the cluster a name, or leave --name out")
+
+
+@pytest.mark.parametrize("command", [("plan",), ("run",), ("compare",)])
+def test_the_planner_options_name_the_planners(run_cli, command):
+    # "see spantrain compare", whose help named none either
+    code, out, _ = run_cli(*command, "--help")
+    assert code == 0 and "heuristic, ddp, gpipe, megatron, ga, exhaustive, ppo, auto" in " ".join(out.split())
+
+
 def test_an_unknown_option_is_named_by_its_command_with_the_nearest_one(run_cli):
     # it was `spantrain: error: ... (see spantrain --help)`, whose help lists no command's options
     code, out, err = run_cli("plan", "--cluster", "c.yaml", "--model", "tiny-gpt", "--planners", "heuristic")
