@@ -83,7 +83,7 @@ def _refuse_empty_paths(parser: argparse.ArgumentParser) -> None:
             for sub in set(action.choices.values()):
                 _refuse_empty_paths(sub)
         elif action.metavar in _PATH_METAVARS and action.type is None and action.nargs is None:
-            action.type = _path
+            action.type = _DIR_PATH if action.metavar == "DIR" else _FILE_PATH
 
 
 _PATH_METAVARS = {"FILE", "DIR", "PATH", "PNG"}
@@ -93,11 +93,19 @@ _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 """Write errors without a file name that mean the output could not be stored: stdout's."""
 
 
-def _path(text: str) -> str:
-    """A path option's value: `-o ""` (an unset shell variable) wrote nothing and said nothing."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path: give a file or directory name")
-    return text
+def _path_of(kind: str):
+    """A path option's type: `-o ""` (an unset shell variable) wrote nothing and said nothing."""
+
+    def path(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"an empty path: give a {kind} name")
+        return text
+
+    path.__name__ = f"{kind} path"  # argparse names the type in its own messages
+    return path
+
+
+_FILE_PATH, _DIR_PATH = _path_of("file"), _path_of("directory")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -528,7 +528,9 @@ def test_an_empty_path_is_refused(run_cli, args):
     # `-o ""` (an unset shell variable) wrote nothing and said nothing: topo generate printed the spec
     args = [str(ROOT / "examples" / "cee-demo.yaml") if a == "C" else a for a in args]
     code, out, err = run_cli(*args)
-    _one_line_error(code, out, err, ": an empty path: give a file or directory name")
+    # it said "give a file or directory name" for either kind
+    kind = "directory" if "--run-dir" in args else "file"
+    _one_line_error(code, out, err, f": an empty path: give a {kind} name")
 
 
 def test_with_torchrun_redirects_every_rank_log_keeps_its_error(tmp_path):
