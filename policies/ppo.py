@@ -36,7 +36,7 @@ from spantrain._spec import shown
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import Candidate, Evaluator
-from spantrain.errors import PolicyError, SpantrainError
+from spantrain.errors import PlannerError, PolicyError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.planner import gc_paused
 from spantrain.policies.cuts import refine_cuts
@@ -276,6 +276,15 @@ def _rollouts(net, envs, obs, alive, steps, gen) -> None:
             alive = still
 
 
+def heuristic_start(heuristic, ev: Evaluator, planner: str) -> Candidate:
+    """The heuristic's candidate `planner` starts from; its errors named as `planner`'s (the user
+    asked for ppo, and read "heuristic: model ... fits nowhere")."""
+    try:
+        return heuristic.best_candidate(ev)
+    except PlannerError as e:
+        raise PlannerError(f"{planner}: {str(e).removeprefix('heuristic: ')}") from None
+
+
 class PPOPlanner:
     """The learned policy improving the heuristic's plan (module docstring)."""
 
@@ -309,7 +318,7 @@ class PPOPlanner:
         t0 = time.perf_counter()
         with gc_paused():
             if start is None:
-                start = HeuristicPlanner().best_candidate(ev)
+                start = heuristic_start(HeuristicPlanner(), ev, "ppo")
             t1 = time.perf_counter()
             scenario = Scenario(key=("given",), cluster=ev.cluster, workload=ev.workload, evaluator=ev, start=start)
             best = self.improve(scenario)
@@ -362,7 +371,7 @@ class AutoPlanner:
     def best_candidate(self, ev: Evaluator) -> Candidate:
         from spantrain.policies.heuristic import HeuristicPlanner
 
-        heuristic = HeuristicPlanner(self.heuristic).best_candidate(ev)
+        heuristic = heuristic_start(HeuristicPlanner(self.heuristic), ev, "auto")
         if past_policy_size(len(ev.cluster), "using the heuristic plan"):  # not an error: auto is the default
             self.stats = {"chosen": "heuristic", "fallback": "too many devices for the policy"}
             return heuristic

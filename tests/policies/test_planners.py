@@ -142,6 +142,15 @@ def test_model_that_fits_nowhere_is_a_clear_error(name):
     assert "llama2-7b" in msg and "largest device" in msg and "12.0 GB" in msg and "add devices" in msg
 
 
+@pytest.mark.parametrize("name", ["ppo", "auto"])
+def test_the_learned_planners_errors_are_their_own(name):
+    # "heuristic: model 'llama2-7b' fits nowhere ...", for a user who asked for ppo
+    cluster = region_cluster({"lab": (2, 12, 12, 10)}, 1.0, name="small")
+    with pytest.raises(PlannerError) as err:
+        get_planner(name).plan(cluster, Workload.from_preset("llama2-7b"))
+    assert str(err.value).startswith(f"{name}: model 'llama2-7b' fits nowhere"), str(err.value)
+
+
 def test_constants_that_reserve_more_than_any_device_has_are_named():
     # "add devices or devices with more memory": no device could help, the profile was at fault
     from spantrain.env.calibration import Calibration
