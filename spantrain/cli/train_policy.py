@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
                     how = "add --ship to the command that continues it"
                 stop.args = (f"{stop}; nothing was shipped: {how}",)
                 report["message"] = str(stop)
+            elif args.ship:  # no policy yet (it said only "interrupted", where --ship was asked for)
+                stop.args = (f"{stop or 'before any policy was saved'}; nothing was shipped",)
+                if report:
+                    report["message"] = str(stop)
             if args.json:  # stdout still holds one JSON object: what was kept and how to go on
                 print_json(report or {"interrupted": True, "policy": None,
                                       "message": str(stop) or "interrupted before any policy was saved"})

@@ -475,7 +475,7 @@ def test_a_training_run_that_fails_ends_its_wandb_run(run_cli, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["starts", "imitation", "ppo", "ppo --ship"])
+@pytest.mark.parametrize("phase", ["starts", "imitation", "ppo", "ppo --ship", "starts --ship"])
 def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatch, phase):
     from spantrain.policies import ppo, starts
 
@@ -509,8 +509,10 @@ def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatc
     bar = {"starts": "heuristic starts:", "imitation": "imitation:", "ppo": "train-policy:"}[phase]
     lines = [line for line in err.split("\n") if line]
     assert lines[-1].startswith("spantrain train-policy: interrupted") and bar in lines[-2], err
-    if ship:  # --ship is not saved with the run: the --resume the line suggests would not ship
+    if ship and phase == "ppo":  # --ship is not saved with the run: the --resume the line suggests would not ship
         assert lines[-1].endswith("; nothing was shipped: add --ship to the command that continues it"), err
+    elif ship:  # no policy yet: it did not say that nothing was shipped
+        assert lines[-1].endswith("; nothing was shipped"), err
     if phase == "imitation":  # within its first round: the weights are the random ones, no policy to start from
         assert "before it learned anything: nothing to keep; the same command starts again" in lines[-1], err
         assert not (tmp_path / "run" / "interrupted-policy.pt").exists()
