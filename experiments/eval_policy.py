@@ -440,8 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     # a smoke run must not overwrite the committed plots: they keep their names for any case set
-    out = Path(args.out) if args.out else (Path("out/eval_policy_quick") if args.quick else RESULTS)
+    out = Path(args.out) if args.out is not None else (Path("out/eval_policy_quick") if args.quick else RESULTS)
     try:
+        if args.out is not None and not args.out.strip():  # it wrote to the default directory unsaid
+            raise SpantrainError("--out is empty: give a directory name, or leave --out out for the default")
         meta = _check_inputs(args, out)
     except SpantrainError as e:
         return bad_input("eval_policy", e)

@@ -93,6 +93,10 @@ def test_bad_paths_are_one_line_errors(tmp_path, capsys):
         f"eval_policy: error: --policy {spec} is not a spantrain policy file (not a torch file of tensors): pass a "
         "policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a checkpoint)")
     assert not (tmp_path / "out").exists()
+    # empty: it wrote to the default directory unsaid
+    assert eval_policy.main(["--quick", "--no-track", "--out", ""]) == 2
+    assert capsys.readouterr().err.strip() == ("eval_policy: error: --out is empty: give a directory name, or leave "
+                                              "--out out for the default")
 
 
 def _row(name: str, heuristic: float, **times: float) -> dict:
