@@ -104,8 +104,11 @@ def tables(cluster: Cluster, max_devices: int = 64, max_matrix: int = 6, max_com
         t.add_column("from \\ to")
         for r in regions:
             t.add_column(r, justify="right")
+        lone = {s["region"] for s in summary if s["devices"] == 1}
         for a, ra in enumerate(regions):
-            t.add_row(ra, *[f"{format_gbps(bw[a, b])}\n{lat[a, b]:.3g} ms" for b in range(len(regions))])
+            # as the region table says it: a one-device region has no link inside (10 Gb/s here read as one)
+            t.add_row(ra, *["- (one device)" if a == b and ra in lone
+                            else f"{format_gbps(bw[a, b])}\n{lat[a, b]:.3g} ms" for b in range(len(regions))])
         out.append(t)
     elif len(regions) <= max_compact:
         t = Table(title="bandwidth between regions (Gbit/s, median; latency in `topo show --json`)")
