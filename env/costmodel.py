@@ -439,8 +439,7 @@ class CostModel:
                     reasons.append(memory_reason(name, need, cap[d]))
         return _new_estimate(iteration_s=it, samples_per_s=sps, feasible=not reasons, reasons=tuple(reasons),
                              peak_memory_gb=dict(zip(names, [v / 1e9 for v in mem])),
-                             # 1 - busy / span rounds to -4e-16 for a pipeline that is never idle
-                             bubble_fraction=tuple(max(b, 0.0) for b in head[8::3]), pipeline_s=tuple(head[7::3]),
+                             bubble_fraction=tuple(head[8::3]), pipeline_s=tuple(head[7::3]),
                              exposed_comm_s=exposed, sync_s=alone, optimizer_s=opt,
                              pipeline_period_s=tuple(head[9::3]))
 

@@ -1000,7 +1000,8 @@ def evaluate(tables, layer, dev, links, region, calib, ints, P, NS, code, sync_c
                 stage_out[g0 + s, 7] = x[t0 + row]
                 if last > makespan:
                     makespan = last
-            pipe_out[p, 1] = 1.0 - busy / (S * per) if per > 0 else 0.0
+            # at least 0: a pipeline never idle rounded to -4e-16 (plan --json printed it)
+            pipe_out[p, 1] = max(1.0 - busy / (S * per), 0.0) if per > 0 else 0.0
             pipe_out[p, 2] = per
         for s in range(S):
             g = g0 + s

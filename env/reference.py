@@ -542,7 +542,8 @@ def trace(cluster: Cluster, workload: Workload, plan: Plan, calibration: Calibra
     feasible = not reasons
     out.estimate = Estimate(iteration_s=it, samples_per_s=plan.batch / it if feasible and it > 0 else 0.0,
                             feasible=feasible, reasons=tuple(reasons), peak_memory_gb=peak_gb,
-                            bubble_fraction=tuple(bubbles), pipeline_s=tuple(makespans), exposed_comm_s=exposed,
+                            bubble_fraction=tuple(max(b, 0.0) for b in bubbles), pipeline_s=tuple(makespans),
+                            exposed_comm_s=exposed,
                             sync_s=alone, optimizer_s=opt_max, pipeline_period_s=tuple(periods))
     out.optimizer_s = opt_max
     out.pipeline_max_s = pipe_max
