@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from spantrain._spec import FIGURE_MAX, FIGURE_MIN, got, is_figure, shown
+from spantrain._spec import FIGURE_MAX, FIGURE_MIN, got, is_figure, other_kind, shown
 from spantrain.errors import SpecError, join_problems
 
 __all__ = [
@@ -143,6 +143,8 @@ class Calibration:
     def from_dict(cls, raw: Any, source: str = "calibration") -> Calibration:
         """From ``{field: number}`` (a ``calibration:`` section is also accepted, other top-level
         keys of that form are notes); every problem is reported at once in a `SpecError`."""
+        if wrong := other_kind(raw, "calibration profile"):  # a spec or plan: one line, not a dozen unknown keys
+            raise SpecError(f"{source}: {wrong}")
         if isinstance(raw, dict) and "calibration" in raw:
             raw = raw["calibration"]
         if not isinstance(raw, dict):

@@ -292,7 +292,19 @@ _KINDS = {
     "workload file": (lambda d: "architecture" if "architecture" in d else
                       "layers and global_batch" if "layers" in d and "global_batch" in d else None,
                       "pass it as the model (--model)"),
+    "calibration profile": (lambda d: _calibration_keys(d), "pass it as the cost-model constants (--calibration)"),
 }
+
+
+def _calibration_keys(spec: dict) -> str | None:
+    """The cost-model constants `spec` names (a calibration profile's keys), if any."""
+    import dataclasses
+
+    from spantrain.env.calibration import Calibration  # not at import: the cost model is heavier than this module
+
+    raw = spec.get("calibration", spec)
+    known = [k for k in raw if k in {f.name for f in dataclasses.fields(Calibration)}] if isinstance(raw, dict) else []
+    return " and ".join(known[:2]) if known else None
 
 
 def other_kind(spec: Any, kind: str) -> str | None:

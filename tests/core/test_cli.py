@@ -559,6 +559,14 @@ def test_with_torchrun_redirects_every_rank_log_keeps_its_error(tmp_path):
     (("simulate", "--cluster", "cee-demo.yaml", "--model", "tiny-gpt", "--plan", "cee-demo.yaml"),
      "spantrain simulate: error: {ex}/cee-demo.yaml: looks like a cluster spec (it has devices and network), not a "
      "plan: pass it as the cluster (--cluster)"),
+    # a calibration profile listed its constants as unknown keys, and a spec given as one a dozen
+    (("plan", "--cluster", "cee-demo.yaml", "--model", "calibration/emulated-cpu.yaml"),
+     "spantrain plan: error: {ex}/calibration/emulated-cpu.yaml: looks like a calibration profile (it has "
+     "sync_overlap and grad_bytes_per_param), not a workload file: pass it as the cost-model constants "
+     "(--calibration)"),
+    (("plan", "--cluster", "cee-demo.yaml", "--model", "tiny-gpt", "--calibration", "cee-demo.yaml"),
+     "spantrain plan: error: --calibration {ex}/cee-demo.yaml: looks like a cluster spec (it has devices and "
+     "network), not a calibration profile: pass it as the cluster (--cluster)"),
     (("topo", "show", "plan-cee-demo.json"),
      "spantrain topo: error: {ex}/plan-cee-demo.json: looks like a plan (it has pipelines), not a cluster spec: "
      "pass it as the plan (--plan, or plan --from)"),
