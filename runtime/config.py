@@ -103,6 +103,9 @@ class RunConfig:
     """A file mapping plan devices to ranks (`spantrain.runtime.rankmap`; None: plan order)."""
     launcher_pid: int | None = None
     """Local runs: workers exit if this process disappears (no orphans)."""
+    temp_dir: str | None = None
+    """Local and emulated runs: the workers' ``TMPDIR``, which the launcher removes however the
+    run ends (a worker killed outright left W&B's temporary directories in /tmp)."""
     zb_orders: list[list[list[list[Any]]]] | None = None
     """Zero-bubble schedules: per pipeline, per stage, the [op, micro-batch] order, computed once
     before launch (None: each worker computes it)."""

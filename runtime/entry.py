@@ -68,6 +68,16 @@ def watch_launcher(pid: int, grace_s: float = ORPHAN_GRACE_S) -> None:
     os._exit(EXIT_ORPHANED)
 
 
+def use_temp_dir(path: str | None) -> None:
+    """Make `path` this process's temporary directory (`RunConfig.temp_dir`), before anything
+    (W&B's import) makes one."""
+    if path:
+        import tempfile
+
+        os.environ["TMPDIR"] = path
+        tempfile.tempdir = None  # tempfile reads TMPDIR again
+
+
 def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:
     """Run rank `rank` of the run described by `config_path`; never returns."""
     from spantrain.runtime.config import RunConfig
@@ -77,6 +87,7 @@ def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -
         # forked for a launcher that Ctrl-C ended while the fork server was still importing torch
         # (its request was already sent): nothing of it may appear in the run directory
         os._exit(EXIT_ORPHANED)
+    use_temp_dir(cfg.temp_dir)
     log = log_file(cfg.run_dir, rank)
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -37,8 +37,10 @@ import importlib.machinery
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -393,6 +395,7 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
                 p.join(5.0)
         if cfg.checkpoint_dir:  # no worker is left writing one
             remove_partial_saves(cfg.checkpoint_dir)
+        shutil.rmtree(cfg.temp_dir, ignore_errors=True)
         store.unlink(missing_ok=True)  # gloo removes it when every rank closed it, not when one was slow to
         watcher.poll()
         watcher.close()
@@ -469,7 +472,7 @@ def _prepare(cfg: RunConfig, devices: list[str] | None = None) -> tuple[RunConfi
         stale.unlink(missing_ok=True)
     if cfg.job_id:
         write_text_atomic(run_dir / JOB_ID_FILE, cfg.job_id + "\n")
-    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid())
+    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid(), temp_dir=tempfile.mkdtemp(prefix="spantrain-workers-"))
     start_step = 0
     if cfg.resume and cfg.checkpoint_dir:
         latest = latest_checkpoint(cfg.checkpoint_dir)
@@ -572,6 +575,7 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     finally:
         if cfg.checkpoint_dir:  # the emulator stopped every device: no worker is left writing one
             remove_partial_saves(cfg.checkpoint_dir)
+        shutil.rmtree(cfg.temp_dir, ignore_errors=True)
         watcher.poll()
         watcher.close()
     if stalled:

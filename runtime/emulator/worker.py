@@ -29,10 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m spantrain.runtime.emulator.worker RUN_CONFIG.json", file=sys.stderr)
         return 2
     from spantrain.runtime.config import RunConfig
-    from spantrain.runtime.entry import exit_worker, watch_launcher
+    from spantrain.runtime.entry import exit_worker, use_temp_dir, watch_launcher
     from spantrain.runtime.preflight import cpu_cores
 
     cfg = RunConfig.from_file(argv[0])
+    use_temp_dir(cfg.temp_dir)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if cfg.threads is None:
         omp = os.environ.get("OMP_NUM_THREADS", "")

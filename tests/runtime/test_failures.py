@@ -317,6 +317,31 @@ def test_workers_of_a_killed_launcher_exit_while_it_is_not_yet_reaped(tmp_path):
     _wait_for(lambda: not list(tmp.glob("pymp-*")), 10, "the fork server to remove the launcher's pymp-* directory")
 
 
+@pytest.mark.slow
+def test_a_tracked_worker_killed_outright_leaves_no_temporary_directory(tmp_path):
+    # rank 0 killed with -9 left W&B's tmp*wandb-media and tmp*wandb-artifacts in /tmp
+    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    args = _run_args(tmp_path, plan("1f1b", "allreduce", ASYMMETRIC), "--steps", "100000", "--run-dir", str(run_dir),
+                     "--track")
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp), "WANDB_MODE": "offline"})
+    try:
+        _wait_for(lambda: '"loss"' in (run_dir / "metrics.jsonl").read_text()
+                  if (run_dir / "metrics.jsonl").exists() else False, 120, "the first iteration")
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        assert list(tmp.glob("spantrain-workers-*/*wandb*")), list(tmp.rglob("*"))  # where W&B put them
+        os.kill(workers[0]["pid"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1 and "worker rank 0" in err and "killed by SIGKILL" in err, err
+    # (torch's own empty inductor cache directory, made when the fork server imports torch, is no leftover of a run)
+    assert [p for p in tmp.iterdir() if p.name != "torchinductor_root"] == [], list(tmp.rglob("*"))
+
+
 def test_a_signal_to_one_worker_stops_the_run_with_a_checkpoint_and_says_which(tmp_path):
     # it ended "trained iterations 0..4 of 30 (stopped early)" with exit 0: a script took it as done
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
