@@ -439,8 +439,6 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
 
 def _full_run_dir(run_dir: Path) -> str | None:
     """'the disk of RUN_DIR is full (12 KB free)' when it is."""
-    import shutil
-
     from spantrain._spec import FULL_DISK_BYTES
 
     try:
