@@ -320,8 +320,9 @@ class _Progress:
                     self.note(msg)
             if "step" in rec and "loss" in rec:
                 if self.bar is not None:
+                    # the figures first: update() draws, and drew the new count beside the last iteration's loss
+                    self.bar.set_postfix(loss=f"{rec['loss']:.4f}", step_s=f"{rec['step_s']:.3f}", refresh=False)
                     self.bar.update(rec["step"] - (self.last_step if self.last_step is not None else self.start))
-                    self.bar.set_postfix(loss=f"{rec['loss']:.4f}", step_s=f"{rec['step_s']:.3f}")
                 self.last_step = rec["step"]
                 self.last_change = time.monotonic()
 

@@ -191,3 +191,19 @@ def test_iteration_totals_count_each_iteration_as_last_trained(tmp_path):
     assert part["losses"] == [7.0, 5.5, 5.0] and part["skipped_steps"] == 2 and part["start_step"] == 4
     assert iteration_totals(path, 2)["steps"] == 0
     assert iteration_totals(tmp_path / "none.jsonl", 5)["loss_first"] is None
+
+
+def test_the_progress_bar_draws_each_iteration_with_its_own_loss(tmp_path, capsys):
+    # it drew the new iteration count beside the previous iteration's loss, then redrew
+    path = tmp_path / "m.jsonl"
+    watcher = _Progress(path, total=5, start=0, show=True)
+    watcher.bar.mininterval = watcher.bar.miniters = 0  # every update draws
+    log = MetricsLog(path)
+    for step, loss in ((1, 5.0), (2, 4.0)):
+        log.step({**_record(step, 1.0), "loss": loss})
+        watcher.poll()
+    log.close()
+    watcher.close()
+    frames = [f for f in capsys.readouterr().err.split("\r") if "it" in f]
+    assert not [f for f in frames if " 2/5 " in f and "loss=5.0000" in f], frames
+    assert [f for f in frames if " 2/5 " in f and "loss=4.0000" in f], frames
