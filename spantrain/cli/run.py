@@ -365,6 +365,10 @@ def _check_checkpoint_dir(path: str, resume: bool) -> None:
     from spantrain._spec import require_writable_dir
     from spantrain.runtime.checkpoint import latest_checkpoint
 
+    pointer = Path(path) / "latest"  # the file every save replaces: in its place a directory failed the run at its end
+    if pointer.exists() and not pointer.is_file():
+        raise ExecutionError(f"--checkpoint-dir {path} holds {pointer}, which is not the pointer file a run writes "
+                             "there (a directory?): remove it")
     latest = None if resume else latest_checkpoint(path)
     if latest is not None:
         raise ExecutionError(f"--checkpoint-dir {path} already holds the checkpoints of a run (latest: {latest.name}): "

@@ -115,6 +115,9 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
     (["--checkpoint-dir", "ONE", "--resume"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory: "
                                               "pass the directory that holds it, CKPT (--resume continues"),
     (["--checkpoint-dir", "ONE"], "--checkpoint-dir ONE is one checkpoint, not a checkpoint directory"),
+    # it trained every iteration, then failed at the end: IsADirectoryError: '.latest.tmp' -> 'latest'
+    (["--checkpoint-dir", "PTRD"], "--checkpoint-dir PTRD holds PTRD/latest, which is not the "
+                                         "pointer file a run writes there (a directory?): remove it"),
     # was a bare "RUN: Is a directory" from a worker
     (["--metrics", "RUN"], "--metrics RUN is the --run-dir directory: pass a file path"),
     # was "--metrics PLAN holds another run's metrics ... continue that run with --resume"
@@ -126,7 +129,9 @@ def test_resuming_in_a_checkpoint_dir_another_run_holds_names_that_run(tmp_path)
 def test_bad_values_and_paths_are_refused_before_any_process_starts(tmp_path, extra, expected):
     places = {"FILE": tmp_path / "a-file", "DIR": tmp_path / "a-dir", "PLAN": tmp_path / "plan.json",
               "NESTED": tmp_path / "a-file" / "ckpt", "CKPT": tmp_path / "ckpt",
-              "ONE": tmp_path / "ckpt" / "step-00000004", "NOMAP": tmp_path / "none.json", "RUN": tmp_path / "run"}
+              "ONE": tmp_path / "ckpt" / "step-00000004", "NOMAP": tmp_path / "none.json", "RUN": tmp_path / "run",
+              "PTRD": tmp_path / "pd"}
+    (places["PTRD"] / "latest").mkdir(parents=True)
     places["FILE"].write_text("x")
     places["DIR"].mkdir()
     (places["CKPT"] / "step-00000004").mkdir(parents=True)
