@@ -119,11 +119,13 @@ def _start_run(tmp_path, run_dir, ckpt, *extra):
     """An endless local run of two workers in its own session (so its process group is its pid)."""
     cluster, model = write_inputs(tmp_path)
     (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    # its temporary files here: a test that kills its whole process group leaves them behind
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
                              "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
                              "--checkpoint-dir", str(ckpt), "--json", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=default_stop_signals)
+                            preexec_fn=default_stop_signals, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
 
 
 @pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
