@@ -86,6 +86,7 @@ class ClusterFile:
         self._digest = self._read_digest()
         self._reported: str | None = None
         self._unreadable_polls = 0
+        self._seen = self._digest is not None
 
     def _signature(self) -> tuple[int, int] | None:
         try:
@@ -109,8 +110,11 @@ class ClusterFile:
         sig = self._signature()
         unreadable = sig is None or not self.path.is_file()
         self._unreadable_polls = self._unreadable_polls + 1 if unreadable else 0
-        if self._unreadable_polls == 2:  # not a writer's moment in between: deleted, moved, a directory now
+        # a file that was there (not one yet to be written, as the measured links are), and not for a
+        # writer's moment in between: deleted, moved, a directory now
+        if self._unreadable_polls == 2 and self._seen:
             note(f"{self.what} {self.path} is gone or no file now; keeping {self.keeping} until it is back")
+        self._seen = self._seen or not unreadable
         if sig == self._stat:
             return None
         self._stat = sig

@@ -58,6 +58,11 @@ def test_a_cluster_file_that_is_gone_is_noted_once_and_followed_when_it_is_back(
     assert notes == [f"the cluster file {path} is gone or no file now; keeping the running plan until it is back"]
     rewrite(path, SLOW_WAN)
     assert isinstance(watch.poll(notes.append), Cluster) and len(notes) == 1
+    # a file still to be written (RUN_DIR/cluster-measured.json) is no file gone: every --adapt run said so
+    later, notes = ClusterFile(tmp_path / "cluster-measured.json"), []
+    for _ in range(3):
+        assert later.poll(notes.append) is None
+    assert notes == []
 
 
 def _adapter(tmp_path, replan, steps=20):
