@@ -16,6 +16,10 @@ TOP_LEVEL = {"spantrain": "spantrain", "profiler": "spantrain.profiler", "env": 
              "policies": "spantrain.policies", "runtime": "spantrain.runtime", "experiments": "spantrain.experiments"}
 
 
+DATA_FOLDERS = {"spantrain.env.profiles": "env/profiles", "spantrain.policies.assets": "policies/assets"}
+"""Folders of data files, listed as packages so that setuptools installs them without warnings."""
+
+
 def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -31,6 +35,9 @@ def test_every_package_folder_is_listed_and_mapped():
             name = ".".join([package, *rel.parts]) if rel.parts else package
             on_disk.add(name)
             assert Path(mapping[name]) == init.parent.relative_to(ROOT), f"{name} maps elsewhere"
+    for name, folder in DATA_FOLDERS.items():  # no __init__.py: files the package reads
+        assert (ROOT / folder).is_dir() and Path(mapping[name]) == Path(folder), f"{name} maps elsewhere"
+        on_disk.add(name)
     assert listed == on_disk, f"listed but missing: {listed - on_disk}; on disk but unlisted: {on_disk - listed}"
 
 
