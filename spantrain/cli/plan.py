@@ -45,7 +45,7 @@ DEFAULT_PLANNER = "auto"
 
 
 def add_planner_option_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-s", type=float, metavar="S", help="search time budget in seconds (ga)")
+    p.add_argument("--budget-s", type=float, metavar="S", help="search time budget in seconds (ga; default 10)")
     p.add_argument("--allow-local-sgd", action="store_true",
                    help="let search planners pick local-SGD sync (changes training semantics)")
     p.add_argument("--policy", metavar="FILE", help="policy file for ppo/auto (default: the shipped policy)")
@@ -119,8 +119,8 @@ def register(p: argparse.ArgumentParser) -> None:
                         "compare` runs them side by side)")
     add_planner_option_args(p)
     p.add_argument("--from", dest="running", metavar="FILE",
-                   help="adapt this running plan to the cluster as it is now (keep it, move it or re-plan, "
-                        "migration counted) instead of planning from scratch")
+                   help="adapt this running plan to the cluster as it is now (keep it, re-cut its layers, move "
+                        "it or re-plan, migration counted) instead of planning from scratch")
     p.add_argument("--remaining-steps", type=int, metavar="N",
                    help="with --from: iterations the run still has to go, over which a migration must pay "
                         "(default 500)")

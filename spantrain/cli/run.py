@@ -91,7 +91,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-scale", type=float, metavar="S",
                    help="with --precision fp16: the loss scale to start from (65536; halved on overflow)")
     p.add_argument("--run-dir", metavar="DIR", help="metrics, logs and result of this run "
-                   "(default runs/run-TIMESTAMP)")
+                   "(default runs/run-TIMESTAMP-PID)")
     p.add_argument("--metrics", metavar="FILE", help="per-iteration JSON lines (default RUN_DIR/metrics.jsonl)")
     p.add_argument("--track", action=argparse.BooleanOptionalAction, default=False,
                    help="log to Weights & Biases (offline unless logged in; default off)")
