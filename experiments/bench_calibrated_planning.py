@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['cluster']:16s} {r['model']:12s} {r['builtin_plan_s']:16.4g} {r['calibrated_plan_s']:18.4g} "
               f"{r['gain']:6.3f}")
     print(f"gain over {summary['cases']} cases: min {summary['min_gain']:.3f}, median {summary['median_gain']:.3f}, "
-          f"max {summary['max_gain']:.3f}; the same plan on {summary['same_plan']}")
+          f"max {summary['max_gain']:.3f}; both constants chose the same plan on {summary['same_plan']} of them")
     return 0
 
 
