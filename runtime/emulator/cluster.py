@@ -180,6 +180,9 @@ class EmulatedCluster:
         if self.mode != "netns":
             return False
         now = cluster.subset([d.id for d in self.cluster.devices])
+        # before any device's shaper goes: a rate tc refuses left one device half-shaped (its link at
+        # the 1 Gbit/s default, where the file asked for a crawl) and the others on the old rates
+        shaping.check_rates(now, self.limits, self.options)
         for k in range(len(now)):
             ns = self.names.device_ns(k)
             classes = shaping.device_classes(now, k, self._addresses, self.limits)

@@ -51,8 +51,8 @@ from spantrain.runtime.emulator.netns import region_subnet
 from spantrain.runtime.emulator.options import EMULATE_OPTIONS, Options
 from spantrain.runtime.emulator.system import run
 
-__all__ = ["FRAME_BYTES", "PAYLOAD_BYTES", "MIN_GBPS", "RateLimits", "TcClass", "emulated_gbps", "check_rates",
-           "device_classes", "gso_bytes", "tc_batch", "apply_shaping"]
+__all__ = ["FRAME_BYTES", "PAYLOAD_BYTES", "MIN_GBPS", "MAX_GBPS", "RateLimits", "TcClass", "emulated_gbps",
+           "check_rates", "device_classes", "gso_bytes", "tc_batch", "apply_shaping"]
 
 FRAME_BYTES = 1514
 """Ethernet frame of a full-size segment at MTU 1500."""
@@ -107,12 +107,17 @@ def emulated_gbps(cluster: Cluster, limits: RateLimits) -> np.ndarray:
 
 MIN_GBPS = 1e-7
 """Slowest goodput shaped (100 bit/s): a pipe's small-packet child, 10 % of it, needs tc's 1 byte/s."""
+MAX_GBPS = 16_000.0
+"""Fastest cap shaped: a class's burst (`_BURST_S` of its rate in frames) must fit tc's 32 bits (16,430 Gbit/s)."""
 
 
 def check_rates(cluster: Cluster, limits: RateLimits, options: Options = EMULATE_OPTIONS) -> None:
     """Refuse a rate the kernel's shaper cannot enforce, naming the slowest; else `tc` failed
     with 'Command failed -:9', which mode auto took for namespaces being unavailable. The fix
     names the caller's `options`."""
+    if limits.max_gbps > MAX_GBPS:  # tc failed with 'Command failed -:2', which mode auto took for no namespaces
+        raise EmulationError(f"{options.max_gbps or 'the bandwidth cap'} {limits.max_gbps:g} Gbit/s is above the "
+                             f"{MAX_GBPS:g} Gbit/s the kernel's shaper can enforce: lower it")
     rates = {options.max_gbps or "the bandwidth cap": limits.max_gbps}
     for a in cluster.regions:  # every region class is installed, even one whose pairs all have overrides
         for b in cluster.regions:

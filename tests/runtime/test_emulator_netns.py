@@ -171,6 +171,16 @@ def test_reshape_changes_the_rates_of_a_live_run(tmp_path):
                           stop_when=between_phases)
         with pytest.raises(EmulationError, match="no device b-0"):
             emu.reshape(Cluster.from_spec({**spec, "devices": spec["devices"][:1]}))
+        # a rate tc cannot shape: refused before any shaper goes (device 0 was left half-shaped, its
+        # link at the 1 Gbit/s default where the file asked for a crawl)
+        shaped = [subprocess.run(["tc", "-n", emu.names.device_ns(k), "class", "show", "dev", "spt0"],
+                                 capture_output=True, text=True, check=True).stdout for k in range(2)]
+        crawl = json.loads(json.dumps(spec))
+        crawl["network"]["default"]["gbps"] = 5e-8
+        with pytest.raises(EmulationError, match="below the 1e-07 Gbit/s"):
+            emu.reshape(Cluster.from_spec(crawl))
+        assert shaped == [subprocess.run(["tc", "-n", emu.names.device_ns(k), "class", "show", "dev", "spt0"],
+                                         capture_output=True, text=True, check=True).stdout for k in range(2)]
     assert all(r.ok for r in results), [r.stderr for r in results]
     before, after = json.loads(results[0].stdout)
     # 25 %: a slow phase of this machine read 33.3 Mbit/s of the 40 (no code change); 5x apart all the same

@@ -154,6 +154,11 @@ def test_rates_the_shaper_cannot_enforce_are_named(cluster):
                                                                            "memory_gb": 1}],
                                                "network": {"regions": {"r": {"gbps": 1, "latency_ms": 1}}}}),
                             shaping.RateLimits(max_gbps=5e-8))
+    # the fast end: a 2 ms burst past 32 bits failed in tc ("Command failed -:2"), taken for no namespaces
+    shaping.check_rates(cluster, shaping.RateLimits(max_gbps=shaping.MAX_GBPS))
+    with pytest.raises(EmulationError, match=r"^--max-gbps 20000 Gbit/s is above the 16000 Gbit/s the kernel's "
+                                             r"shaper can enforce: lower it$"):
+        shaping.check_rates(cluster, shaping.RateLimits(max_gbps=20000))
 
 
 @pytest.mark.skipif(netns.unavailable_reason() is not None, reason="needs network namespaces")
