@@ -12,6 +12,7 @@ Modules, one job each:
 - `optim`, `checkpoint`, `metrics`: AdamW, layer-keyed DCP checkpoints, per-step metrics.
 - `loss_scale`: fp16's dynamic loss scale, one decision for all ranks.
 - `worker` (one rank), `launcher` + `entry` (local processes and their supervisor),
+  `emulated_worker` (one rank on the emulated cluster),
   `stop_signals` (SIGTERM/SIGHUP unwind a launcher, an emulated cluster or `train-policy` like Ctrl-C),
   `preflight` (refusals before any process starts), `config` (what a worker is told),
   `reference` (single-process training on the same samples).

@@ -23,7 +23,7 @@ workers train; for a plan switch they get SIGTERM as on Ctrl-C, with the same gr
 `launch_emulated` runs the same workers on the local emulated cluster instead
 (`spantrain.runtime.emulator`): one namespace, shaper and CPU quota per *plan* device
 (the emulator brings up only the plan's devices, rank k = the k-th device in rank order),
-each worker a fresh ``python -m spantrain.runtime.emulator.worker`` started inside them.
+each worker a fresh ``python -m spantrain.runtime.emulated_worker`` started inside them.
 Its supervision is the emulator's (the first worker that fails stops the others) plus
 the same stall watch and the same one-line failure report.
 """
@@ -480,6 +480,10 @@ def _prepare(cfg: RunConfig, devices: list[str] | None = None) -> tuple[RunConfi
     return cfg, devices, run_dir, run_dir / "run_config.json", start_step
 
 
+WORKER_START_CPU_S = 3.0
+"""CPU seconds a worker spends importing torch and the runtime before it trains (2.6 + 0.4 measured)."""
+
+
 def _emulator(cfg: RunConfig, devices: list[str], *, cpus: float | None, mode: str, network: str | Path | None,
               note: Callable[[str], None]):
     """The emulated cluster `launch_emulated` runs `devices` on, its input checked (`ExecutionError`)."""
@@ -561,11 +565,17 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
         stalled = time.monotonic() - watcher.last_change > stall_limit
         return stalled
 
-    command = [sys.executable, "-m", "spantrain.runtime.emulator.worker", str(config_path)]
+    command = [sys.executable, "-m", "spantrain.runtime.emulated_worker", str(config_path)]
     try:
         with emu:
             for line in emu.describe():
                 note(line)
+            if emu.cpu_limited:
+                for device, share in zip(devices, emu.shares, strict=True):
+                    if WORKER_START_CPU_S / share > 60:  # it looked hung: 0.005 cores had not started in 75 s
+                        note(f"emulator: device {device} gets {share:.3g} cores: its worker needs about "
+                             f"{WORKER_START_CPU_S / share:.0f} s to start (about {WORKER_START_CPU_S:g} CPU-seconds "
+                             "of imports) before training; more cores (--emulate-cpus) or TFLOP/s for it shorten that")
             # Ctrl-C: as a local run, the workers finish their iteration and checkpoint (5 s lost both)
             results = emu.run(command, echo=False, log_dir=run_dir / "logs", stop_when=stop_when,
                               interrupt_grace_s=_STOP_GRACE_S, on_interrupt=lambda: note(_STOPPING_NOTE))

@@ -114,7 +114,7 @@ def _worker_pids(config: Path) -> list[int]:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"spantrain.runtime.emulator.worker" in cmd and str(config).encode() in cmd:
+            if b"spantrain.runtime.emulated_worker" in cmd and str(config).encode() in cmd:
                 pids.append(int(entry.name))
     return pids
 
@@ -142,6 +142,33 @@ def test_a_killed_worker_fails_the_run_in_one_line_without_hanging(tmp_path, no_
     assert "was killed by SIGKILL after iteration" in lines[0] and "stopped the other 3 worker(s)" in lines[0]
     assert "Traceback" not in err
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+def test_a_device_too_slow_to_start_is_noted_and_ctrl_c_before_training_ends_the_run_at_once(tmp_path,
+                                                                                             no_leftovers):
+    # 0.005 cores: the run looked hung (no word), and Ctrl-C waited the launcher's 120 s grace, with
+    # KeyboardInterrupt tracebacks of torch's imports in the devices' logs
+    args = _args(tmp_path, "slow", plan("1f1b", "allreduce", ASYMMETRIC), 100, "--emulate", "--emulate-mode",
+                 "netns", "--emulate-cpus", "0.08")
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        logs = tmp_path / "slow" / "logs"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(logs.glob("*.log"))) < 4:
+            time.sleep(0.2)
+        time.sleep(2)  # the devices are importing torch, at a few hundredths of a core each
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=150)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and took < 30, (took, err)
+    assert "needs about" in err and "s to start (about 3 CPU-seconds of imports) before training" in err, err
+    assert not [p.name for p in logs.glob("*.log") if "Traceback" in p.read_text()], err
 
 
 def test_adapting_run_follows_a_network_change_and_switches_plans(tmp_path, no_leftovers):
