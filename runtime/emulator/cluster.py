@@ -383,8 +383,10 @@ class EmulatedCluster:
 
 
 def _host_name(device_id: str) -> str:
-    """The emulated host of a device (each namespace is a host of its own)."""
-    return f"emu-{device_id}"
+    """The emulated host of a device (each namespace is a host of its own); a ``#`` written ``%23``
+    (and ``%`` as ``%25``): /etc/hosts reads the rest of a line after ``#`` as a comment, so an
+    id ``a#1`` resolved as host ``emu-a``."""
+    return "emu-" + device_id.replace("%", "%25").replace("#", "%23")
 
 
 def _free_port() -> int:

@@ -579,3 +579,11 @@ def test_device_logs_stay_in_the_log_directory_whatever_the_ids(run_cli, tmp_pat
     assert sorted(p.name for p in logs.iterdir()) == ["..%2F..%2Fescape.log", "a%2Fb%25.log"]
     assert all("hello" in p.read_text() for p in logs.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.json", "x"]
+
+
+def test_a_device_id_with_a_hash_gets_a_whole_host_name():
+    # /etc/hosts reads the rest of a line after '#' as a comment: `emu-a#1` resolved as `emu-a`
+    from spantrain.runtime.emulator.cluster import _host_name
+
+    assert _host_name("a#1") == "emu-a%231" and _host_name("5%#") == "emu-5%25%23"
+    assert _host_name("gpu-0") == "emu-gpu-0"
