@@ -882,7 +882,9 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
     print(f"trained iterations {result['start_step']}..{result['final_step']} of {result['target_steps']}"
           f"{' (stopped early)' if result['stopped_early'] else ''}{mixed}: loss {fmt(result['loss_first'], '.4f')} -> "
           f"{fmt(result['loss_last'], '.4f')}, {fmt(result['samples_per_s'], '.1f')} samples/s "
-          f"({fmt(result['step_s'], '.3f')} s/iteration, median after warm-up"
+          f"({fmt(result['step_s'], '.3f')} s/iteration, "
+          # one or two iterations leave none out: "after warm-up" said otherwise
+          f"{'median after warm-up' if result.get('warmup_steps', 1) else 'warm-up included: too few iterations'}"
           f"{' on the last plan' if len(result.get('segments') or []) > 1 else ''})")
     comparable = result.get("prediction_comparable")
     segments = result.get("segments") or []

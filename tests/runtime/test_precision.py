@@ -135,3 +135,16 @@ def test_the_summary_line_names_mixed_precision(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("trained iterations 0..4 of 4 in bf16 mixed precision: loss 5.5000 -> 5.0000")
     assert lines[2].startswith("trained iterations 0..4 of 4: loss 5.5000")
+
+
+def test_the_summary_line_says_when_no_warm_up_was_left_out(capsys):
+    # one iteration read "0.867 s/iteration, median after warm-up"
+    from spantrain.cli.run import _report
+
+    result = {"start_step": 0, "final_step": 1, "target_steps": 1, "stopped_early": False, "loss_first": 5.5,
+              "loss_last": 5.5, "samples_per_s": 10.0, "step_s": 1.0, "metrics": "m.jsonl", "precision": "fp32"}
+    _report({**result, "warmup_steps": 0}, as_json=False)
+    _report({**result, "warmup_steps": 2}, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "(1.000 s/iteration, warm-up included: too few iterations)" in lines[0], lines
+    assert "(1.000 s/iteration, median after warm-up)" in lines[2], lines
