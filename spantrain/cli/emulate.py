@@ -63,9 +63,15 @@ def run(args: argparse.Namespace) -> int:
         if args.cluster or args.cmd:  # it ran nothing and exited 0, as if the command had run
             raise EmulationError("--cleanup only removes what crashed runs left behind: give it alone, then run "
                                  "spantrain emulate -c C.yaml -- COMMAND")
+        from spantrain.runtime.emulator.netns import PROBE_PREFIX
+
         cleaned = sweep_leftovers()
-        print(f"spantrain emulate: removed {len(cleaned)} leftover run(s)"
-              + (f": {', '.join(cleaned)}" if cleaned else ""), file=sys.stderr)
+        # a killed availability probe's namespace is no run
+        probes = [c for c in cleaned if c.startswith(PROBE_PREFIX)]
+        runs = [c for c in cleaned if c not in probes]
+        print(f"spantrain emulate: removed {len(runs)} leftover run(s)" + (f": {', '.join(runs)}" if runs else "")
+              + (f", and {len(probes)} namespace(s) of killed availability probes: {', '.join(probes)}"
+                 if probes else ""), file=sys.stderr)
         return 0
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not args.cluster:

@@ -587,3 +587,14 @@ def test_a_device_id_with_a_hash_gets_a_whole_host_name():
 
     assert _host_name("a#1") == "emu-a%231" and _host_name("5%#") == "emu-5%25%23"
     assert _host_name("gpu-0") == "emu-gpu-0"
+
+
+def test_cleanup_names_a_killed_probes_namespace_as_such(run_cli, monkeypatch):
+    # "removed 1 leftover run(s): spt-probe-6989": a probe is no run
+    from spantrain.runtime.emulator import state
+
+    monkeypatch.setattr(state, "sweep_leftovers", lambda: ["ab12", "spt-probe-6989"])
+    code, out, err = run_cli("emulate", "--cleanup")
+    assert code == 0 and out == "" and err.strip() == (
+        "spantrain emulate: removed 1 leftover run(s): ab12, and 1 namespace(s) of killed availability probes: "
+        "spt-probe-6989")
