@@ -75,7 +75,8 @@ def print_table(report: dict[str, Any]) -> None:
         for r in c["plans"]:
             t.add_row(c["cluster"], r["plan"], r["schedule"], r["sync"], f"{r['pipelines']} x {r['stages']}",
                       str(r["batch"]), f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}", f"{r['error']:+.1%}",
-                      f"{r['default_s']:.3f}", f"{r['default_error']:+.1%}", f"{r['spread']:.0%}")
+                      f"{r['default_s']:.3f}", f"{r['default_error']:+.1%}",
+                      f"{r['spread']:.0%}" if len(r["runs_s"]) > 1 else "- (1 run)")  # one run spreads over nothing
     con.print(t)
     for c in report["clusters"]:
         k = c["ranking"]
@@ -84,7 +85,9 @@ def print_table(report: dict[str, Any]) -> None:
     con.print(f"MAPE {report['mape']:.1%}, max error {report['max_abs_error']:.1%}, ranking "
               f"{'preserved' if report['ranking_preserved'] else 'NOT preserved'}; uncalibrated MAPE "
               f"{report['default_mape']:.1%}, max {report['default_max_abs_error']:.1%}; median run-to-run spread "
-              f"{report['median_spread']:.0%}; load average "
+              + (f"{report['median_spread']:.0%}" if any(len(r["runs_s"]) > 1 for c in report["clusters"]
+                                                         for r in c["plans"]) else "- (one run per plan)")
+              + "; load average "
               + "-".join(f"{x:.2f}" for x in report.get("loadavg", [])))
 
 

@@ -63,20 +63,28 @@ def test_ranking_compares_samples_per_second_within_five_percent():
     assert not bad["preserved"] and bad["gap"] == pytest.approx(0.2)
 
 
-def _stored_measurements(tmp_path: Path) -> Path:
+def _stored_measurements(tmp_path: Path, runs: tuple[float, ...] = (0.5, 0.7)) -> Path:
     """A results file whose 'profile' is the spec itself with the run times made up: exercises the
     re-prediction path and the report, not the cost model's accuracy."""
     spec_path = ROOT / "examples" / "calibration" / "two-region.yaml"
     spec = yaml.safe_load(spec_path.read_text())
     suite = calibrate.load_suite(quick=True)
     plans = [{"name": p.name, "plan": p.plan,
-              "runs": [{"step_s": [1.0] * 4, "steady_s": s, "loadavg_before": [0.5, 0, 0]} for s in (0.5, 0.7)]}
+              "runs": [{"step_s": [1.0] * 4, "steady_s": s, "loadavg_before": [0.5, 0, 0]} for s in runs]}
              for p in suite.clusters[0].plans]
     measured = {"model": "tiny-gpt", "cpus": 1.0, "command": "test", "clusters": [
         {"spec": str(spec_path), "spec_data": spec, "profile": {"spec": spec, "document": {}}, "plans": plans}]}
     path = tmp_path / "stored.json"
     path.write_text(json.dumps({"measurements": measured}))
     return path
+
+
+def test_one_run_per_plan_reports_no_spread(tmp_path, capsys):
+    # --quick runs each plan once: "run spread 0%" and "median run-to-run spread 0%", of nothing
+    stored = _stored_measurements(tmp_path, runs=(0.6,))
+    assert calibrate.main(["--measurements", str(stored), "--no-track", "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "- (1 run)" in out and "median run-to-run spread - (one run per plan)" in out, out
 
 
 def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
