@@ -598,3 +598,27 @@ def test_cleanup_names_a_killed_probes_namespace_as_such(run_cli, monkeypatch):
     assert code == 0 and out == "" and err.strip() == (
         "spantrain emulate: removed 1 leftover run(s): ab12, and 1 namespace(s) of killed availability probes: "
         "spt-probe-6989")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_during_the_teardown_ends_emulate_as_one_during_the_run(tmp_path, sig):
+    # SIGTERM held through the teardown was delivered after the run's handlers were gone: the
+    # process ended by the signal (exit 143) with no word
+    import subprocess
+
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps(SPEC))
+    script = ("import os, signal, sys\n"
+              "from spantrain.runtime.emulator import state\n"
+              "real = state.teardown\n"
+              "def teardown(names):\n"
+              f"    os.kill(os.getpid(), signal.{sig})\n"
+              "    return real(names)\n"
+              "state.teardown = teardown\n"
+              "from spantrain.__main__ import run\n"
+              f"sys.argv[1:] = ['emulate', '-c', {str(spec)!r}, '--mode', 'local', '--quiet', '--', 'true']\n"
+              "raise SystemExit(run())\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said = "spantrain emulate: interrupted" + (" by SIGTERM" if sig == "SIGTERM" else "")
+    assert result.returncode == 130 and result.stderr.strip().splitlines()[-1] == said, result.stderr
