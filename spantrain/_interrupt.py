@@ -33,7 +33,8 @@ __all__ = ["INTERRUPTED", "STOP_SIGNALS", "quit_on_ctrl_c", "install", "command_
 
 QUIET_INTERRUPT_ENV = "SPANTRAIN_QUIET_INTERRUPT"
 """Set for a spantrain process whose parent reports Ctrl-C itself (`profile`'s per-device
-children): the child exits 130 without an "interrupted" line of its own."""
+children): the child keeps nothing, so Ctrl-C ends it at once, with exit code 130 and no
+"interrupted" line of its own."""
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), what a shell reports for a process SIGINT ended."""

@@ -127,7 +127,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    command_starts(args.command, handles_ctrl_c=args.command not in QUIT_ON_CTRL_C)
+    # a child whose parent reports Ctrl-C keeps nothing either: `profile`'s devices, where a KeyboardInterrupt
+    # raised inside torch's C++ callbacks aborted ("terminate called after throwing ...") on the parent's output
+    command_starts(args.command,
+                   handles_ctrl_c=args.command not in QUIT_ON_CTRL_C and not os.environ.get(QUIET_INTERRUPT_ENV))
     try:
         return int(args.func(args) or 0)
     except SpantrainError as e:

@@ -478,6 +478,29 @@ def test_a_child_whose_parent_reports_ctrl_c_exits_130_without_its_own_line(run_
     assert code == 130 and err == ("" if quiet else "spantrain compare: interrupted\n")
 
 
+def test_a_profile_device_child_ends_at_once_on_ctrl_c(tmp_path):
+    # its KeyboardInterrupt, raised inside torch's C++ callbacks, aborted the device ("terminate called
+    # after throwing an instance of 'pybind11::error_already_set'") on the parent's output
+    script = ("import os, pathlib, signal, sys, time\n"
+              "from spantrain.cli import profile\n"
+              "def measuring(args):\n"
+              "    try:\n"
+              "        os.kill(os.getpid(), signal.SIGINT)\n"
+              "        time.sleep(5)\n"
+              "    except KeyboardInterrupt:\n"
+              f"        pathlib.Path({str(tmp_path / 'raised')!r}).touch()\n"
+              "        raise\n"
+              "profile.run = measuring\n"
+              "from spantrain.__main__ import run\n"
+              "sys.argv[1:] = ['profile', '--model', 'tiny-gpt']\n"
+              "raise SystemExit(run())\n")
+    env = {**os.environ, "SPANTRAIN_QUIET_INTERRUPT": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            preexec_fn=_default_sigint, timeout=120)
+    assert result.returncode == 130 and result.stderr == "", result.stderr
+    assert not (tmp_path / "raised").exists()  # ended where it was, no exception raised through it
+
+
 def test_errors_are_one_write_and_other_ranks_say_which_they_are(monkeypatch, capsys):
     # under torchrun every process printed the same error, and print's separate newline let
     # two processes' lines run into each other ("...start anewspantrain run: error: ...")
