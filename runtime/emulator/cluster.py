@@ -155,14 +155,12 @@ class EmulatedCluster:
         try:
             with held:
                 problems = state.teardown(names)
-            if problems:
-                self.log(f"emulator: cleanup of run {names.run_id} incomplete ({problems[0]}); "
-                         "`spantrain emulate --cleanup` retries")
-            # while this run's handlers are still in place: a SIGTERM held through the teardown
-            # raises as during the run (it ended the process by the signal, exit 143 and no word)
-            held.deliver()
         finally:
             self._restore_handlers()
+        if problems:
+            self.log(f"emulator: cleanup of run {names.run_id} incomplete ({problems[0]}); "
+                     "`spantrain emulate --cleanup` retries")
+        held.deliver()
         return problems
 
     def reshape(self, cluster: Cluster) -> bool:

@@ -87,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
     # checked now: a --log-dir under a file failed only after the namespaces were up, below their lines;
     # made by emu.run, once the cluster has loaded (a bad spec leaves no empty directory behind)
     check_dir_option("--log-dir", args.log_dir, creatable=True)
+    from spantrain.runtime import stop_signals
+
+    # this command's own handlers: a SIGTERM held through the teardown is delivered to them once the
+    # emulator's are gone, and ended the process by the signal there (exit 143, no line)
+    signals = stop_signals.install()
     try:
         with EmulatedCluster(args.cluster, cpus=args.cpus, mode=args.mode,
                              bandwidth_scale=_scale(args.bandwidth_scale), max_gbps=args.max_gbps,
@@ -99,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         # not exit code 2: a script must tell a command that outlived --timeout from a mistyped option
         print(f"spantrain emulate: {e}", file=sys.stderr)
         return TIMED_OUT
+    finally:
+        stop_signals.restore(signals)
     failed = first_failure(results)
     if failed is None:
         return 0
