@@ -54,10 +54,10 @@ def _check_pairs(doc: dict, spec: Cluster, *, bw_tol: float, lat_tol: float) -> 
 def test_six_device_profile_recovers_the_emulated_cluster(tmp_path):
     spec_path, out = tmp_path / "six.json", tmp_path / "profiled.yaml"
     spec_path.write_text(json.dumps(SIX))
-    # 20 s, not the default 60: the pairs come out within 2.5 % of the spec here either way, and the
-    # suite's time is short
+    # 25 s, not the default 60: alone the pairs come out within 2.5 % of the spec at 20 s too, but in
+    # a full suite run one pair came out 19 % slow there; the suite's time is short
     proc = subprocess.run([sys.executable, "-m", "spantrain", "profile", "--cluster", str(spec_path), "--json",
-                           "--budget-s", "20", "-o", str(out)], capture_output=True, text=True, timeout=180)
+                           "--budget-s", "25", "-o", str(out)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)  # stdout holds exactly the JSON object
     assert set(doc) == {"devices", "pairs", "groups"}
