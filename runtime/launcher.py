@@ -440,13 +440,10 @@ def _failure_error(cfg: RunConfig, devices: list[str], rank: int | None, how: st
 
 def _full_run_dir(run_dir: Path) -> str | None:
     """'the disk of RUN_DIR is full (12 KB free)' when it is."""
-    from spantrain._spec import FULL_DISK_BYTES
+    from spantrain._spec import free_if_full
 
-    try:
-        free = shutil.disk_usage(run_dir).free
-    except OSError:
-        return None
-    return f"the disk of {run_dir} is full ({free // 1024} KB free)" if free < FULL_DISK_BYTES else None
+    free = free_if_full(run_dir)
+    return None if free is None else f"the disk of {run_dir} is full ({free // 1024} KB free)"
 
 
 def _rank_devices(cfg: RunConfig) -> list[str]:

@@ -24,7 +24,8 @@ import yaml
 
 __all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
            "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
-           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES"]
+           "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES",
+           "DISK_FULL", "free_if_full"]
 
 FIGURE_MIN, FIGURE_MAX = 1e-30, 1e30
 """Range of a positive figure (the most a figure >= 0 may be): far beyond any real device,
@@ -210,12 +211,8 @@ def _full_disk(path: Path, error: BaseException):
     """A `DiskFull` naming `path` when `error` came of its disk being full, else None."""
     from spantrain.errors import DiskFull
 
-    try:
-        free = shutil.disk_usage(path.parent).free
-    except OSError:
-        return None
     enospc = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not enospc and free >= FULL_DISK_BYTES:
+    if not enospc and free_if_full(path.parent) is None:
         return None
     # no figure of the free space: the failed writer may still hold what it wrote
     return DiskFull(f"cannot write {path}: its disk is full; free some space (the file as it was before is kept)")
@@ -223,6 +220,18 @@ def _full_disk(path: Path, error: BaseException):
 
 FULL_DISK_BYTES = 64 * 1024
 """Less free space than this on a directory's disk counts as full: a run's first records fill it."""
+DISK_FULL = "its disk is full"
+"""How `cannot_write_in` begins the reason for a full disk (a caller's fix differs)."""
+
+
+def free_if_full(directory: str | Path) -> int | None:
+    """The bytes free on `directory`'s disk when it counts as full (`FULL_DISK_BYTES`), else None
+    (also when it cannot be asked)."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    return free if free < FULL_DISK_BYTES else None
 
 
 def cannot_write_in(directory: str | Path) -> str | None:
@@ -235,9 +244,8 @@ def cannot_write_in(directory: str | Path) -> str | None:
     except OSError as e:
         return str(e.strerror or e)
     # an empty file fits on a full disk: the run then failed at its first records, saying nothing
-    free = shutil.disk_usage(directory).free
-    if free < FULL_DISK_BYTES:
-        return f"its disk is full: {free // 1024} KB free"
+    if (free := free_if_full(directory)) is not None:
+        return f"{DISK_FULL}: {free // 1024} KB free"
     return None
 
 

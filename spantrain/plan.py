@@ -234,6 +234,15 @@ class Plan:
         """The model the plan names when it is not `workload`'s, else None."""
         return self.model if self.model is not None and self.model != workload.name else None
 
+    def other_models_layers(self, workload: Workload) -> str | None:
+        """'was made for model gpt2-medium (26 layers), not gpt2-small (14)' when the plan names
+        another model and its layers do not fit `workload`'s (the layer problems' cause), else None."""
+        other = self.made_for_other(workload)
+        if other is None or not self.problems(workload=workload):
+            return None
+        return (f"was made for model {other} ({self.layers_covered} layers), not {workload.name} "
+                f"({len(workload.layers)})")
+
     def validate(self, cluster: Cluster | None = None, workload: Workload | None = None) -> Plan:
         """Raise `PlanError` listing every problem; return the plan when it is valid."""
         problems = self.problems(cluster, workload)

@@ -90,10 +90,9 @@ def load_plan(path: str, cluster, workload, global_batch: int | None = None):
     try:
         plan = plan.validate(cluster, workload)
     except PlanError as e:
-        if other is not None and plan.problems(workload=workload):  # its layers are another model's
-            raise PlanError(f"plan {path} was made for model {other} ({plan.layers_covered} layers), not "
-                            f"{workload.name} ({len(workload.layers)}): pass --model {other}, or make a plan for "
-                            f"{workload.name} (spantrain plan -o)") from None
+        if wrong := plan.other_models_layers(workload):
+            raise PlanError(f"plan {path} {wrong}: pass --model {other}, or make a plan for {workload.name} "
+                            "(spantrain plan -o)") from None
         raise PlanError(f"plan {path}: {e}") from None
     if other is not None:
         from spantrain._say import say
@@ -130,13 +129,14 @@ def check_seed(seed: int, flag: str = "--seed") -> None:
 
 
 def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False,
-                     creatable: bool = False) -> None:
+                     creatable: bool = False, full: bool = False) -> None:
     """An output directory option: refused in one line (`SpantrainError`) when a file is in
     its place; with `creatable`, when it could not be made or written (a file above it, no
     permission), checked on the nearest directory that exists and creating nothing, so inputs
-    that turn out bad leave no empty directory behind; with `create`, when making it fails.
-    Checked before any work, not by a worker mid-run."""
-    from spantrain._spec import cannot_create
+    that turn out bad leave no empty directory behind; with `full` (and not `creatable`), when
+    only its disk is full; with `create`, when making it fails. Checked before any work, not
+    by a worker mid-run."""
+    from spantrain._spec import DISK_FULL, cannot_create
     from spantrain.errors import SpantrainError
 
     if not path:
@@ -144,12 +144,12 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpantrainError(f"{flag} {p} is a file, not a directory: pass a directory")
-    problem = cannot_create(p) if creatable else None
-    if problem is not None:
+    problem = cannot_create(p) if creatable or full else None
+    if problem is not None and (creatable or problem[1].startswith(DISK_FULL)):
         nearest, reason = problem
         if not nearest.is_dir():
             raise SpantrainError(f"{flag} {p}: Not a directory ({str(nearest)!r} is a file)")
-        fix = ("free some space, or pass a directory on another disk" if reason.startswith("its disk is full")
+        fix = ("free some space, or pass a directory on another disk" if reason.startswith(DISK_FULL)
                else "pass a directory this user can write")
         raise SpantrainError(f"{flag} {p}: cannot write in {str(nearest)!r} ({reason}); {fix}")
     if create:

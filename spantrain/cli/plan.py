@@ -194,10 +194,8 @@ def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
     if steps < 1:
         raise PlanError(f"--remaining-steps must be a positive integer, got {steps}")
     running = Plan.from_file(args.running)
-    other = running.made_for_other(workload)
-    if other is not None and running.problems(workload=workload):  # its layers are another model's
-        raise PlanError(f"running plan {args.running} was made for model {other} ({running.layers_covered} layers), "
-                        f"not {workload.name} ({len(workload.layers)}): pass --model {other} (the model the run "
+    if wrong := running.other_models_layers(workload):
+        raise PlanError(f"running plan {args.running} {wrong}: pass --model {running.model} (the model the run "
                         "trains)")
     try:
         adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=planner,

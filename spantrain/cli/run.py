@@ -188,14 +188,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _check_paths(args: argparse.Namespace) -> None:
     """Directories the run writes that exist as files: refused now, not by a worker mid-run."""
-    from spantrain._spec import cannot_create
-
     for flag, path in (("--checkpoint-dir", args.checkpoint_dir), ("--run-dir", args.run_dir)):
-        check_dir_option(flag, path)
-        problem = cannot_create(path) if path else None
-        if problem is not None and problem[1].startswith("its disk is full"):  # the run failed at its first records
-            raise ExecutionError(f"{flag} {path}: cannot write in '{problem[0]}' ({problem[1]}); free some space, or "
-                                 "pass a directory on another disk")
+        check_dir_option(flag, path, full=True)  # a full disk: the run failed at its first records
     if args.checkpoint_dir:
         _check_not_one_checkpoint(Path(args.checkpoint_dir))
     if args.metrics and Path(args.metrics).is_dir():
