@@ -145,11 +145,18 @@ class Calibration:
         keys of that form are notes); every problem is reported at once in a `SpecError`."""
         if wrong := other_kind(raw, "calibration profile"):  # a spec or plan: one line, not a dozen unknown keys
             raise SpecError(f"{source}: {wrong}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         if isinstance(raw, dict) and "calibration" in raw:
+            # beside the section, a constant is not a note: it was silently ignored (a line
+            # appended to the shipped profile without its indentation)
+            outside = [key for key in raw if key in fields]
+            if outside:
+                raise SpecError(f"{source}: {', '.join(map(repr, outside))} {'is' if len(outside) == 1 else 'are'} "
+                                "outside the calibration: section, where constants are ignored: move "
+                                f"{'it' if len(outside) == 1 else 'them'} into the section")
             raw = raw["calibration"]
         if not isinstance(raw, dict):
             raise SpecError(f"{source}: expected a mapping of calibration constants")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
         problems, values = [], {}
         unknown = [key for key in raw if key not in fields]
         if unknown:  # listed once: a cluster or suite file given here has a dozen keys

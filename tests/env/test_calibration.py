@@ -128,3 +128,15 @@ def test_unknown_constants_are_listed_once_with_the_known_ones(tmp_path):
         Calibration.from_file(path)
     # the whole list of known constants came once per unknown key: nine times for a suite file
     assert str(e.value).count("known:") == 1 and "unknown constants 'model', 'steps', 'warmup' (known: " in str(e.value)
+
+
+def test_a_constant_beside_the_calibration_section_is_refused(tmp_path):
+    # the shipped profile keeps its constants under `calibration:`; a line appended at the top
+    # level was taken for a note and ignored, so the profile silently lacked it
+    path = tmp_path / "cal.yaml"
+    path.write_text("calibration:\n  sync_overlap: false\nop_overhead_s: 0.001\nnote: anything\n")
+    with pytest.raises(SpecError, match=r"'op_overhead_s' is outside the calibration: section, where constants are "
+                                        r"ignored: move it into the section"):
+        Calibration.from_file(path)
+    path.write_text("calibration:\n  sync_overlap: false\n  op_overhead_s: 0.001\nnote: anything\n")
+    assert Calibration.from_file(path) == Calibration(sync_overlap=False, op_overhead_s=0.001)
