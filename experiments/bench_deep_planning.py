@@ -6,7 +6,8 @@ Each plan is made in a process of its own, so its peak memory (max RSS) is its o
 model is a GPT of d_model 256 with `--layers` layers in all (embedding and head included),
 global batch 32; the clusters are the shipped examples ``cee-16`` and ``datacenter-32``.
 ``ratio`` is the predicted iteration time of the coarse plan over the exact one's (< 1: the
-coarse plan is faster; its search may take another path).
+coarse plan is faster; its search may take another path). A plan that takes longer than
+``--timeout`` is a result, not a failure: its row says ``{"timed_out_s": T}`` ("over T s").
 
 Usage: python experiments/bench_deep_planning.py [--layers 1024 4096] [--exact-up-to 1024] [--json]
 """
@@ -58,8 +59,13 @@ def plan_once(cluster_name: str, layers: int, exact: bool) -> dict:
 
 
 def _in_child(cluster_name: str, layers: int, exact: bool, timeout_s: float) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--one", cluster_name, str(layers), str(int(exact))],
-                          capture_output=True, text=True, timeout=timeout_s)
+    """The child's figures, or ``{"timed_out_s": timeout_s}`` when it took longer (it is killed):
+    one case over the cap ended the whole run in a `TimeoutExpired` traceback."""
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--one", cluster_name, str(layers), str(int(exact))],
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"timed_out_s": timeout_s}
     if proc.returncode != 0:
         raise RuntimeError(f"planning {cluster_name} at {layers} layers failed: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout)
@@ -85,23 +91,31 @@ def main(argv: list[str] | None = None) -> int:
 
     if any(not 3 <= n <= MAX_LAYERS for n in args.layers):
         raise SpantrainError(f"--layers must be in 3-{MAX_LAYERS}")
+    if not args.timeout > 0:  # nan too; 0 or less timed every plan out before it started
+        raise SpantrainError(f"--timeout must be a number of seconds above 0, got {args.timeout:g}")
     rows = []
     for name in args.clusters:
         for layers in args.layers:
             row = {"cluster": name, "layers": layers, "coarse": _in_child(name, layers, False, args.timeout)}
             row["exact"] = _in_child(name, layers, True, args.timeout) if layers <= args.exact_up_to else None
-            if row["exact"]:
+            if row["exact"] and "iteration_s" in row["exact"] and "iteration_s" in row["coarse"]:
                 row["ratio"] = row["coarse"]["iteration_s"] / row["exact"]["iteration_s"]
             rows.append(row)
             if not args.json:
                 c, e = row["coarse"], row["exact"]
-                exact = (f"exact {e['plan_s']:7.1f} s {e['peak_mb']:6.0f} MB {e['iteration_s']:.4g} s/it, "
-                         f"ratio {row['ratio']:.4f}" if e else "exact not run")
-                print(f"{name:14s} {layers:5d} layers: coarse {c['plan_s']:6.1f} s {c['peak_mb']:6.0f} MB "
-                      f"{c['iteration_s']:.4g} s/it; {exact}", flush=True)
+                exact = "exact not run" if not e else "exact " + _figures(e, 7)
+                if "ratio" in row:
+                    exact += f", ratio {row['ratio']:.4f}"
+                print(f"{name:14s} {layers:5d} layers: coarse {_figures(c, 6)}; {exact}", flush=True)
     if args.json:
         print(json.dumps({"rows": rows}))
     return 0
+
+
+def _figures(r: dict, width: int) -> str:
+    if "timed_out_s" in r:
+        return f"over {r['timed_out_s']:g} s (--timeout)"
+    return f"{r['plan_s']:{width}.1f} s {r['peak_mb']:6.0f} MB {r['iteration_s']:.4g} s/it"
 
 
 if __name__ == "__main__":

@@ -21,3 +21,23 @@ def test_a_depth_out_of_range_is_one_line(capsys):
 
     assert run_script(lambda: bench.main(["--layers", "5000"]), "bench_deep_planning") == 2
     assert capsys.readouterr().err == "bench_deep_planning: error: --layers must be in 3-4096\n"
+
+
+def test_a_plan_over_the_timeout_is_a_row_not_a_traceback(capsys):
+    # a plan slower than --timeout ended the whole run in subprocess.TimeoutExpired's traceback;
+    # 1 ms is less than the child's interpreter takes to start
+    assert bench.main(["--layers", "8", "--exact-up-to", "8", "--clusters", "cee-16", "--timeout", "0.001",
+                       "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["coarse"] == row["exact"] == {"timed_out_s": 0.001} and "ratio" not in row
+    assert bench.main(["--layers", "8", "--exact-up-to", "8", "--clusters", "cee-16", "--timeout", "0.001"]) == 0
+    assert capsys.readouterr().out == ("cee-16             8 layers: coarse over 0.001 s (--timeout); "
+                                       "exact over 0.001 s (--timeout)\n")
+
+
+def test_a_timeout_of_zero_is_one_line(capsys):
+    from spantrain.experiments._args import run_script
+
+    assert run_script(lambda: bench.main(["--layers", "8", "--timeout", "0"]), "bench_deep_planning") == 2
+    assert capsys.readouterr().err == ("bench_deep_planning: error: --timeout must be a number of seconds above 0, "
+                                       "got 0\n")
