@@ -35,6 +35,9 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "", max_rows: int = 
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    # as a Path, the file `check_figure_path` checked: given 't.png/' as a string, matplotlib saw
+    # no suffix and wrote 't.png/.png', failing after the work ("No such file or directory")
+    path = Path(path)
     total = sum(len(p) for p in tr.ops)
     drawn_rows = rows_to_draw([len(p) for p in tr.ops], max_rows)
     rows = len(drawn_rows)

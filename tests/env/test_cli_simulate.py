@@ -163,6 +163,15 @@ def test_timeline_png(files, run_cli):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_a_timeline_path_with_a_trailing_slash_writes_the_file_as_topo_show_does(files, run_cli):
+    # 't.png/' passed the checks as t.png, then matplotlib wrote to 't.png/.png': "error: t.png/.png:
+    # No such file or directory" after the work, naming neither the option nor the path given
+    cluster, plan, tmp = files
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-medium", "-p", plan, "--timeline", f"{tmp}/t.png/")
+    assert code == 0, err
+    assert (tmp / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize(("schedule", "absent"), [("gpipe", {"input grad B", "weight grad W"}),
                                                    ("zb-h1", {"fused backward"})])
 def test_the_timeline_legend_lists_only_what_it_draws(files, run_cli, monkeypatch, schedule, absent):
