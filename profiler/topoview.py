@@ -156,17 +156,39 @@ def _region_positions(cluster: Cluster) -> tuple[dict[str, tuple[float, float]],
         return {r: (CITIES[r][1], CITIES[r][0]) for r in regions}, True
     # Concentric rings by tier: cloud inside, end outside.
     tiers = {d.region: d.tier for d in cluster.devices}
+    counts = Counter(d.region for d in cluster.devices)
     rings: dict[int, list[str]] = {}
     for r in regions:
         rings.setdefault(_TIER_ORDER.get(tiers[r], 3), []).append(r)
     pos = {}
-    for level, members in rings.items():
-        radius = 0 if (level == 0 and len(members) == 1) else 1 + level
+    inner_edge = None  # the outer edge of the ring inside this one
+    for level in sorted(rings):
+        members = rings[level]
+        widest = max(_disc_radius(counts[r], _RING_SCALE) for r in members)
+        if level == 0 and len(members) == 1:
+            radius = 0.0
+        else:
+            # room for every disc: 32 datacenter nodes on the unit ring overlapped each other
+            # three deep and hid every link under them
+            radius = max(1.0 + level, max(3, len(members)) * (2 * widest + _DISC_GAP) / (2 * math.pi),
+                         0.0 if inner_edge is None else inner_edge + widest + _DISC_GAP)
+        inner_edge = radius + widest
         for k, r in enumerate(members):
             # two in a ring: 120 degrees apart, not opposite, where their link would run through the centre
             angle = 2 * math.pi * k / max(3, len(members)) + level * 0.4
             pos[r] = (radius * math.cos(angle), radius * math.sin(angle))
     return pos, False
+
+
+_RING_SCALE = 0.25
+"""Disc scale of the ring layout (regions that are not cities), in ring units."""
+_DISC_GAP = 0.15
+"""Space left between two discs of the ring layout, in ring units."""
+
+
+def _disc_radius(devices: int, scale: float) -> float:
+    """Radius of a region's disc: its devices sit on a ring inside it."""
+    return scale * (0.6 + 0.15 * math.sqrt(devices)) * 1.3
 
 
 def _nice_ticks(lo: float, hi: float) -> list[float]:
@@ -194,7 +216,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     span = max(1e-9, max(xs) - min(xs), max(ys) - min(ys))
-    scale = 0.25
+    scale = _RING_SCALE
     height = 8.0
     if geo:  # discs apart from their nearest neighbour (Paris, Frankfurt), a figure the map's shape
         xy = np.array(list(pos.values()))
@@ -231,11 +253,12 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     dots: dict[str, list] = {"x": [], "y": [], "s": [], "color": []}
     discs = []
     centres = np.array([pos[r] for r in regions])
+    outermost = float(np.hypot(centres[:, 0], centres[:, 1]).max())
     for k, r in enumerate(regions):
         x, y = pos[r]
         members = [cluster.devices[i] for i in groups[k]]
         n = len(members)
-        ring = scale * (0.6 + 0.15 * math.sqrt(n))
+        ring = _disc_radius(n, scale) / 1.3
         discs.append(plt.Circle((x, y), ring * 1.3))
         for j, d in enumerate(members):
             ang = 2 * math.pi * j / max(1, n)
@@ -249,9 +272,16 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
             near = np.hypot(centres[:, 0] - x, centres[:, 1] - y) < 4 * ring
             above = bool(np.any(near & (centres[:, 1] < y) & (np.arange(len(regions)) != k)))
             lan = f", {format_gbps(bw[k, k])}" if n > 1 else ""  # one device: no LAN to speak of
-            ax.annotate(f"{r}\n{n} dev{lan}", (x, y + ring * 1.45 if above else y - ring * 1.45),
-                        ha="center", va="bottom" if above else "top",
-                        fontsize=7, zorder=4)
+            at, ha, va = (x, y + ring * 1.45 if above else y - ring * 1.45), "center", "bottom" if above else "top"
+            if not geo and math.hypot(x, y) > outermost - 1e-9 > 0:
+                # the outer ring's away from the centre: below each disc, a crowded ring's labels
+                # ran into their neighbours' discs and labels (inner rings keep theirs below: out
+                # there lies the next ring)
+                cx, cy = x / math.hypot(x, y), y / math.hypot(x, y)
+                at = (x + ring * 1.45 * cx, y + ring * 1.45 * cy)
+                ha = "left" if cx > 0.35 else "right" if cx < -0.35 else "center"
+                va = "bottom" if cy > 0.35 else "top" if cy < -0.35 else "center"
+            ax.annotate(f"{r}\n{n} dev{lan}", at, ha=ha, va=va, fontsize=7, zorder=4)
     ax.add_collection(PatchCollection(discs, facecolor="0.92", edgecolor="0.5", zorder=2))
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
     ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)

@@ -128,3 +128,36 @@ def test_names_without_glyphs_in_the_font_draw_without_warnings(run_cli, tmp_pat
         assert code == 0, err
     assert (tmp_path / "topo.png").exists() and (tmp_path / "t.png").exists()
     assert not [w for w in caught if "missing from font" in str(w.message)]
+
+
+def test_the_ring_layout_leaves_room_for_every_disc_and_labels_the_outer_ring_outside(monkeypatch, tmp_path):
+    import math
+    from collections import Counter
+
+    from matplotlib.axes import Axes
+
+    from spantrain.profiler.topoview import _region_positions, plot_topology
+
+    # 32 datacenter nodes sat on the unit ring: each disc (radius 0.33) overlapped its neighbours
+    # three deep and hid every link drawn under them; their labels ran into each other
+    cluster = generate(256, seed=0, profile="datacenter")
+    pos, geo = _region_positions(cluster)
+    counts = Counter(d.region for d in cluster.devices)
+    disc = {r: 0.25 * (0.6 + 0.15 * math.sqrt(counts[r])) * 1.3 for r in pos}  # the plot's disc radius
+    assert not geo and len(pos) == 32
+    names = list(pos)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert math.dist(pos[a], pos[b]) > disc[a] + disc[b], (a, b)
+    labels = {}
+    real = Axes.annotate
+
+    def spy(self, text, xy, *args, **kwargs):
+        labels[text.split("\n")[0]] = xy
+        return real(self, text, xy, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "annotate", spy)
+    plot_topology(cluster, tmp_path / "dc.png")
+    assert set(labels) == set(pos)
+    for r, (x, y) in labels.items():  # beyond its disc, away from the centre
+        assert math.hypot(x, y) > math.hypot(*pos[r]) + disc[r], r
