@@ -18,6 +18,18 @@ def test_prints_every_case_and_the_gain_of_planning_for_the_runtime(capsys):
     assert all(r["gain"] == r["builtin_plan_s"] / r["calibrated_plan_s"] for r in out["rows"])
 
 
+def test_the_same_plan_under_both_constants_is_counted_as_the_same():
+    # each plan carries the prediction it was made with, which differs between the constants:
+    # compared whole, no two plans were ever the same ("the same plan on 0 of them")
+    from spantrain.cluster import Cluster
+    from spantrain.env.calibration import EMULATED_CPU, Calibration
+    from spantrain.workload import Workload
+
+    cluster = Cluster.from_file(bench.ROOT / "examples" / "calibration" / "three-site.yaml")
+    row = bench.compare_case(cluster, Workload.from_preset("gpt2-medium"), Calibration.from_file(EMULATED_CPU))
+    assert row["gain"] == 1.0 and row["same_plan"]
+
+
 def test_scripts_say_bad_input_and_ctrl_c_in_one_line(capsys):
     from spantrain.experiments._args import run_script
 
