@@ -302,7 +302,9 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     if len(wan) < n_pairs:  # say which links the lines are: not every pair's (a line of its own: one was cut off)
         drawn = (f"\nlines: {len(wan):,} of {n_pairs:,} region pairs, each region's {per_region} fastest"
                  + (f", the fastest {max_lines}" if len(wan) == max_lines else ""))
-    if cluster.network.default is not None and not cluster.network.links:
+    # between regions only: one region's devices never use it (a 2-GPU node's title said "one fabric:
+    # 200 Gb/s" beside its label's 2.4 Tb/s, its only link)
+    if cluster.network.default is not None and not cluster.network.links and len(regions) > 1:
         note += f"; one fabric: {format_gbps(cluster.network.default.gbps)}, {cluster.network.default.latency_ms:g} ms"
     ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})"
                  + drawn, fontsize=10)

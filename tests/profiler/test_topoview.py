@@ -161,3 +161,12 @@ def test_the_ring_layout_leaves_room_for_every_disc_and_labels_the_outer_ring_ou
     assert set(labels) == set(pos)
     for r, (x, y) in labels.items():  # beyond its disc, away from the centre
         assert math.hypot(x, y) > math.hypot(*pos[r]) + disc[r], r
+
+
+def test_a_one_region_plot_names_no_fabric_between_regions(monkeypatch, tmp_path):
+    # a one-node datacenter cluster's title gave the default between regions, which no pair of
+    # its devices uses, as "one fabric: 200 Gb/s" while its only link is the node's 2.4 Tb/s
+    _, title = _drawn(monkeypatch, generate(2, seed=0, profile="datacenter"), tmp_path / "one.png")
+    assert "one fabric" not in title, title
+    _, title = _drawn(monkeypatch, generate(16, seed=0, profile="datacenter"), tmp_path / "two.png")
+    assert "one fabric: " in title, title
