@@ -479,7 +479,40 @@ def _load_measurements(path: Path) -> dict[str, Any]:
     if not isinstance(measured, dict):
         raise SpantrainError(f"--measurements {path}: not a calibration JSON with measurements; pass a "
                              "calibration.json this script wrote")
+    problem = _measurements_problem(measured)
+    if problem:  # a trimmed or hand-made file ended in a KeyError or ZeroDivisionError traceback
+        raise SpantrainError(f"--measurements {path}: {problem}; pass a calibration.json this script wrote")
     return measured
+
+
+def _measurements_problem(measured: dict[str, Any]) -> str | None:
+    """What a stored measurements object lacks that re-predicting it reads, or None."""
+    import math
+
+    for key in ("model", "cpus", "clusters"):
+        if key not in measured:
+            return f"its measurements have no {key!r}"
+    clusters = measured["clusters"]
+    if not isinstance(clusters, list) or not clusters:
+        return "its measurements hold no clusters"
+    for i, c in enumerate(clusters):
+        where = f"cluster {i}"
+        if not isinstance(c, dict) or not isinstance(c.get("spec_data"), dict) or "name" not in c["spec_data"] \
+                or not isinstance(c.get("profile"), dict) or "spec" not in c["profile"]:
+            return f"{where} lacks its spec_data name or profile spec"
+        if not isinstance(c.get("plans"), list) or not c["plans"]:
+            return f"{where} holds no plans"
+        for j, plan in enumerate(c["plans"]):
+            if not isinstance(plan, dict) or "name" not in plan or "plan" not in plan \
+                    or not isinstance(plan.get("runs"), list) or not plan["runs"]:
+                return f"{where} plan {j} lacks its name, plan or runs"
+            for run in plan["runs"]:
+                t = run.get("steady_s") if isinstance(run, dict) else None
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+                    return f"{where} plan {j}: a run's steady_s is not a positive number of seconds"
+                if not isinstance(run.get("loadavg_before"), list) or not run["loadavg_before"]:
+                    return f"{where} plan {j}: a run lacks its loadavg_before"
+    return None
 
 
 def _fit_names(calibration, names_arg: str) -> list[str]:

@@ -79,6 +79,31 @@ def _stored_measurements(tmp_path: Path, runs: tuple[float, ...] = (0.5, 0.7)) -
     return path
 
 
+@pytest.mark.parametrize(("cut", "needle"), [
+    (lambda m: m.pop("clusters"), "its measurements have no 'clusters'"),
+    (lambda m: m.update(clusters=[]), "its measurements hold no clusters"),
+    (lambda m: m["clusters"][0].update(plans=[]), "cluster 0 holds no plans"),
+    (lambda m: m["clusters"][0]["plans"][1].update(runs=[]), "cluster 0 plan 1 lacks its name, plan or runs"),
+    (lambda m: m["clusters"][0]["plans"][0]["runs"][0].update(steady_s=0),
+     "cluster 0 plan 0: a run's steady_s is not a positive number of seconds")])
+def test_stored_measurements_missing_what_is_read_are_one_line(tmp_path, capsys, cut, needle):
+    # an edited calibration.json (a cluster or run taken out) ended in a KeyError or
+    # ZeroDivisionError traceback, exit code 1, after passing the load
+    from spantrain.experiments._args import run_script
+
+    stored = _stored_measurements(tmp_path)
+    data = json.loads(stored.read_text())
+    cut(data["measurements"])
+    stored.write_text(json.dumps(data))
+    out_dir = tmp_path / "out"
+    code = run_script(lambda: calibrate.main(["--measurements", str(stored), "--no-track", "--out", str(out_dir)]),
+                      "calibrate")
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"calibrate: error: --measurements {stored}: {needle}; pass a calibration.json " \
+                                "this script wrote\n", err
+    assert not out_dir.exists()
+
+
 def test_one_run_per_plan_reports_no_spread(tmp_path, capsys):
     # --quick runs each plan once: "run spread 0%" and "median run-to-run spread 0%", of nothing
     stored = _stored_measurements(tmp_path, runs=(0.6,))
