@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from spantrain.cli import OneLineParser
+from spantrain.cli._common import load_calibration
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import EMULATED_CPU, Calibration
 from spantrain.env.costmodel import estimate
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", type=Path, default=EMULATED_CPU, help="calibration profile (YAML/JSON)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    calibration = Calibration.from_file(args.calibration)
+    calibration = load_calibration(str(args.calibration))  # a bad file named by the flag, as in the CLI
     rows = []
     for name, cluster in cases():
         for model in MODELS:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from spantrain.cli import OneLineParser
+from spantrain.errors import SpantrainError
 
 __all__ = ["plan_once", "main"]
 
@@ -67,7 +68,9 @@ def _in_child(cluster_name: str, layers: int, exact: bool, timeout_s: float) -> 
     except subprocess.TimeoutExpired:
         return {"timed_out_s": timeout_s}
     if proc.returncode != 0:
-        raise RuntimeError(f"planning {cluster_name} at {layers} layers failed: {proc.stderr.strip()[-500:]}")
+        # one line (its last: the child's error), not a RuntimeError traceback around its traceback
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no error output"
+        raise SpantrainError(f"planning {cluster_name} at {layers} layers failed (exit {proc.returncode}): {last}")
     return json.loads(proc.stdout)
 
 
@@ -86,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(plan_once(args.one[0], int(args.one[1]), bool(int(args.one[2])))))
         return 0
-    from spantrain.errors import SpantrainError
     from spantrain.workload import MAX_LAYERS
 
     if any(not 3 <= n <= MAX_LAYERS for n in args.layers):

@@ -437,14 +437,13 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite
     """(calibration, stored measurements or None, suite to measure or None), every flag checked
     before any work (`SpantrainError`): a bad --measurements or --out was a traceback, a bad --fit
     name ended the run only after the whole measurement, and --repeats 0 ran the suite's count."""
-    from spantrain.cli._common import check_dir_option
-    from spantrain.env.calibration import Calibration
+    from spantrain.cli._common import check_dir_option, load_calibration
     from spantrain.errors import SpantrainError
 
     for flag, value in (("--repeats", args.repeats), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise SpantrainError(f"{flag} must be at least 1, got {value}")
-    calibration = Calibration.from_file(args.calibration)
+    calibration = load_calibration(str(args.calibration))  # a bad file named by the flag, as in the CLI
     if args.fit:
         _fit_names(calibration, args.fit)
     check_dir_option("--out", args.out, creatable=True)

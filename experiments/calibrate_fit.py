@@ -62,3 +62,9 @@ def cross_validate(measured: dict[str, Any], base, names: Sequence[str], evaluat
         out.append({"held_out": held["spec_data"]["name"], "train_mape": train_mape, "mape": test["mape"],
                     "max_abs_error": test["max_abs_error"], **{n: getattr(cal, n) for n in names}})
     return out
+
+
+if __name__ == "__main__":  # run as a script it printed nothing and exited 0, even for --help
+    print("calibrate_fit: error: a module of experiments/calibrate.py, not a script: run python "
+          "experiments/calibrate.py --help", file=__import__("sys").stderr)
+    raise SystemExit(2)

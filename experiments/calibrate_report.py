@@ -127,3 +127,9 @@ def scatter_plot(report: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
     save_figure(fig, path, dpi=120)
+
+
+if __name__ == "__main__":  # run as a script it printed nothing and exited 0, even for --help
+    print("calibrate_report: error: a module of experiments/calibrate.py, not a script: run python "
+          "experiments/calibrate.py --help", file=__import__("sys").stderr)
+    raise SystemExit(2)

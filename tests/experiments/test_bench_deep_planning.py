@@ -41,3 +41,16 @@ def test_a_timeout_of_zero_is_one_line(capsys):
     assert run_script(lambda: bench.main(["--layers", "8", "--timeout", "0"]), "bench_deep_planning") == 2
     assert capsys.readouterr().err == ("bench_deep_planning: error: --timeout must be a number of seconds above 0, "
                                        "got 0\n")
+
+
+def test_a_failed_child_is_one_line_naming_its_error(capsys, monkeypatch):
+    import subprocess
+
+    from spantrain.experiments._args import run_script
+
+    failed = subprocess.CompletedProcess([], 1, "", "Traceback (most recent call last):\n  ...\nMemoryError: out\n")
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: failed)
+    assert run_script(lambda: bench.main(["--layers", "8", "--clusters", "cee-16"]), "bench_deep_planning") == 2
+    # a RuntimeError traceback around the child's, before
+    assert capsys.readouterr().err == ("bench_deep_planning: error: planning cee-16 at 8 layers failed (exit 1): "
+                                       "MemoryError: out\n")

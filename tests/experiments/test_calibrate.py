@@ -140,6 +140,7 @@ def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
                        "of its longest local-SGD period), got 3"),
     (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (missing 'clusters')"),
     (["--suite", "MISSING"], "--suite MISSING: No such file or directory"),
+    (["--calibration", "MISSING"], "--calibration MISSING: no such file, nor a shipped profile"),  # named no flag
 ])
 def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, extra, expected):
     places = {"MISSING": tmp_path / "missing.json", "TMP": tmp_path, "OTHER": tmp_path / "other.json",
@@ -266,3 +267,16 @@ def test_quick_calibration_profiles_runs_and_reports(tmp_path):
     assert len(stored["measurements"]["clusters"][0]["profile"]["profiles"]) == 1
     assert (tmp_path / "calibration-quick.png").exists()
     assert list((tmp_path / "wandb").rglob("*.wandb")), "no offline W&B run was written"
+
+
+@pytest.mark.parametrize("module", ["calibrate_fit", "calibrate_report"])
+def test_its_helper_modules_run_as_scripts_point_to_calibrate(module):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(calibrate.__file__).with_name(f"{module}.py")
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""  # printed nothing and exited 0
+    assert proc.stderr == (f"{module}: error: a module of experiments/calibrate.py, not a script: run python "
+                           "experiments/calibrate.py --help\n")
