@@ -156,7 +156,9 @@ def check_dir_option(flag: str, path: str | Path | None, *, create: bool = False
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise SpantrainError(f"{flag} {p}: {e.strerror}") from None
+            # "--out /proc/x: No such file or directory" said neither what failed nor what to do
+            raise SpantrainError(f"{flag} {p}: cannot create it ({e.strerror}); pass a directory this user "
+                                 "can write") from None
 
 
 def file_read_by(path: str | Path, reads: dict[str, str | None]) -> str | None:

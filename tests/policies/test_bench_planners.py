@@ -108,6 +108,13 @@ def test_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
                                       "directory\n"
 
 
+def test_out_that_cannot_be_made_says_so_and_what_to_do(capsys):
+    # was "--out /proc/x: No such file or directory"
+    assert bench.main(["--quick", "--out", "/proc/spantrain-nope", "--no-track"]) == 2
+    assert capsys.readouterr().err == ("bench_planners: error: --out /proc/spantrain-nope: cannot create it (No such "
+                                       "file or directory); pass a directory this user can write\n")
+
+
 def test_from_json_reads_back_the_saved_results():
     spec, results, summary = bench.load_saved(str(ROOT / "experiments" / "results" / "bench_planners.json"))
     assert summary["cases"] == len(results["suite"]) > 0 and spec.suite_sizes
