@@ -267,12 +267,14 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
             except KeyboardInterrupt:
                 # the workers stopped and wrote their plan's result: the one the command reports is the whole run's
                 partial = Path(cfg.run_dir) / "result.json"
-                result = json.loads(partial.read_text()) if partial.exists() else None
+                stopped = json.loads(partial.read_text()) if partial.exists() else None
                 if adapter.pending is not None:  # decided, never made: the run stopped first
                     adapter.records[-1]["interrupted"] = True
-                    _keep_decision(adapter, (result or {}).get("checkpoint"), workload, cfg.data)
-                if result is not None:
-                    add_segment(result)
+                    _keep_decision(adapter, (stopped or {}).get("checkpoint"), workload, cfg.data)
+                if stopped is not None:
+                    add_segment(stopped)
+                    _write_result(cfg, whole_run(stopped))
+                elif segments:  # stopped while the new plan's workers started: the plans before it trained
                     _write_result(cfg, whole_run(result))
                 raise
             except StopTimedOut as e:

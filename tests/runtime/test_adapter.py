@@ -140,6 +140,44 @@ def test_a_switch_cut_off_by_ctrl_c_is_recorded_as_never_made(tmp_path):
                          "--adapt continues on it")
 
 
+def test_ctrl_c_while_the_new_plan_starts_reports_what_the_plans_before_it_trained(tmp_path):
+    # the new plan's workers had not trained yet: the command printed no JSON and RUN_DIR/result.json
+    # was gone (the new launch clears it), though 4 iterations had been trained
+    from spantrain.runtime.adapter import run_adapting
+    from spantrain.runtime.config import RunConfig
+
+    path, adapter, _ = _adapter(tmp_path, lambda running, cluster, remaining: Decision(
+        switch=True, plan=SINGLE, record={"chosen": "heuristic"}, summary="switching"))
+    _, model = write_inputs(tmp_path)
+    run_dir, metrics = tmp_path / "run", tmp_path / "m.jsonl"
+    cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=20,
+                    run_dir=str(run_dir), metrics_path=str(metrics))
+    checkpoint = tmp_path / "ckpt" / "step-00000004"
+    launches = []
+
+    def launch(cfg, adapter):
+        launches.append(cfg)
+        if len(launches) == 2:  # the new plan's launch: its preparation removed the last result, then Ctrl-C
+            (run_dir / "result.json").unlink()
+            raise KeyboardInterrupt
+        rewrite(path, SLOW_WAN)
+        assert adapter.check(3) is True
+        checkpoint.mkdir(parents=True)
+        metrics.write_text("".join(json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in range(1, 5)))
+        result = {"start_step": 0, "final_step": 4, "stopped_early": True, "plan": RUNNING.to_dict(),
+                  "step_s": 0.1, "samples_per_s": 10.0, "predicted_step_s": None, "checkpoint": str(checkpoint)}
+        run_dir.mkdir()
+        (run_dir / "result.json").write_text(json.dumps(result))
+        return result
+
+    with pytest.raises(KeyboardInterrupt):
+        run_adapting(cfg, launch, adapter)
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["final_step"] == res["steps"] == 4 and res["losses"] == [4.0, 3.0, 2.0, 1.0]
+    assert res["checkpoint"] == str(checkpoint) and len(res["segments"]) == 1
+    assert res["adaptations"][0]["switched_at"] == 4
+
+
 def test_no_decision_when_nothing_is_left_to_run(tmp_path):
     path, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("replanned with no iteration left"), steps=10)
     rewrite(path, SLOW_WAN)
