@@ -204,10 +204,11 @@ class Adapter:
         return pending
 
 
-def _keep_decision(adapter: Adapter, checkpoint: str | None, workload, data: str | None) -> None:
-    """A switch decided but cut off by Ctrl-C: its plan goes into the checkpoint the workers
-    stopped with, as a made switch's does, so that ``--resume`` continues on it (it went back to a
-    plan 168 s an iteration on the changed network, against 0.0002 s, and never re-planned)."""
+def _keep_decision(adapter: Adapter, checkpoint: str | None, workload, data: str | None,
+                   cut_off: str = "the new plan was decided before the stop") -> None:
+    """A switch decided but cut off by Ctrl-C (or by the run's end): its plan goes into the checkpoint
+    the workers stopped with, as a made switch's does, so that ``--resume`` continues on it (it went
+    back to a plan 168 s an iteration on the changed network, against 0.0002 s, and never re-planned)."""
     from spantrain.runtime.preflight import check_run
 
     pending = adapter.pending
@@ -219,8 +220,7 @@ def _keep_decision(adapter: Adapter, checkpoint: str | None, workload, data: str
         return
     pending.decision.plan.save(Path(checkpoint) / PLAN_FILE)
     adapter.records[-1]["saved_to"] = checkpoint
-    adapter.note(f"the new plan was decided before the stop: checkpoint {Path(checkpoint).name} holds it, and "
-                 "--resume --adapt continues on it")
+    adapter.note(f"{cut_off}: checkpoint {Path(checkpoint).name} holds it, and --resume --adapt continues on it")
 
 
 def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str, Any]],
@@ -288,6 +288,12 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
                           "prediction_calibration": cfg.prediction_calibration,
                           "prediction_comparable": cfg.prediction_comparable}
             add_segment(result)
+            if adapter.pending is not None and not result["stopped_early"]:
+                # the workers were in the last iteration when asked to stop: the switch was never made
+                adapter.records[-1]["run_ended"] = True
+                _keep_decision(adapter, result.get("checkpoint"), workload, cfg.data,
+                               "the run reached its last iteration before it could switch to the new plan")
+                break
             switch = adapter.take_switch()
             if switch is None or not result["stopped_early"]:
                 break

@@ -178,6 +178,38 @@ def test_ctrl_c_while_the_new_plan_starts_reports_what_the_plans_before_it_train
     assert res["adaptations"][0]["switched_at"] == 4
 
 
+def test_a_switch_the_run_ended_before_is_recorded_as_never_made_and_kept_for_a_resume(tmp_path):
+    # decided after the last iteration but one: the workers finished the run instead of stopping; the
+    # adapt event said "switch": true, no note said otherwise, and the final checkpoint held the old plan
+    from spantrain.runtime.adapter import run_adapting
+    from spantrain.runtime.config import RunConfig
+
+    path, adapter, notes = _adapter(tmp_path, lambda running, cluster, remaining: Decision(
+        switch=True, plan=SINGLE, record={"chosen": "heuristic"}, summary="switching"), steps=6)
+    _, model = write_inputs(tmp_path)
+    cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=6,
+                    run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "m.jsonl"))
+    checkpoint = tmp_path / "ckpt" / "step-00000006"
+    launches = []
+
+    def launch(cfg, adapter):
+        launches.append(cfg)
+        rewrite(path, SLOW_WAN)
+        assert adapter.check(5) is True  # the workers are asked to stop, and finish the last iteration
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "plan.json").write_text(RUNNING.to_json())
+        return {"start_step": 0, "final_step": 6, "stopped_early": False, "plan": RUNNING.to_dict(), "step_s": 0.1,
+                "samples_per_s": 10.0, "predicted_step_s": None, "checkpoint": str(checkpoint)}
+
+    res = run_adapting(cfg, launch, adapter)
+    assert len(launches) == 1 and len(res["segments"]) == 1
+    (event,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert event["switch"] and event["run_ended"] and "switched_at" not in event
+    assert Plan.from_file(checkpoint / "plan.json") == SINGLE and event["saved_to"] == str(checkpoint)
+    assert notes[-1] == ("the run reached its last iteration before it could switch to the new plan: checkpoint "
+                         "step-00000006 holds it, and --resume --adapt continues on it")
+
+
 def test_no_decision_when_nothing_is_left_to_run(tmp_path):
     path, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("replanned with no iteration left"), steps=10)
     rewrite(path, SLOW_WAN)
