@@ -285,12 +285,14 @@ def _same_plan(a, b) -> bool:
     return dataclasses.replace(a, predicted=None, model=None) == dataclasses.replace(b, predicted=None, model=None)
 
 
-def _plan_adapted_to(checkpoint_dir: Path, make_plan: Callable[[], Any], cluster, workload, flag: str):
+def _plan_adapted_to(checkpoint_dir: Path, make_plan: Callable[[], Any], cluster, workload, flag: str,
+                     global_batch: int | None = None):
     """Under --adapt, a resume continues on the plan its last checkpoint was trained on (the one an
     adaptation switched to), not on the command's own (`make_plan()`): it went back to the abandoned
     plan, 9.7 s an iteration against 7e-05, and never re-planned (its cluster file had changed
     before it started); and a command whose plan lost a device was refused. The command's plan
-    when the checkpoint's cannot run here (devices gone, another model)."""
+    when the checkpoint's cannot run here (devices gone, another model, another `global_batch`
+    than --global-batch asks for: it trained the checkpoint's batch, and every re-plan failed)."""
     from spantrain.runtime.checkpoint import PLAN_FILE, latest_checkpoint
 
     latest = latest_checkpoint(checkpoint_dir)
@@ -298,7 +300,7 @@ def _plan_adapted_to(checkpoint_dir: Path, make_plan: Callable[[], Any], cluster
     if path is None or not path.is_file():
         return make_plan()
     try:
-        last = load_plan(str(path), cluster, workload)
+        last = load_plan(str(path), cluster, workload, global_batch)
     except SpantrainError:  # _other_plan_note says why it cannot be continued on
         return make_plan()
     try:
@@ -507,7 +509,7 @@ def _run(args: argparse.Namespace) -> int:
                    else default_calibration(emulated))
     if args.adapt and args.resume:
         plan = _plan_adapted_to(Path(args.checkpoint_dir), lambda: _make_plan(args, cluster, workload, calibration),
-                                cluster, workload, "--plan" if args.plan else "--planner")
+                                cluster, workload, "--plan" if args.plan else "--planner", args.global_batch)
     else:
         plan = _make_plan(args, cluster, workload, calibration)
     check_run(cluster, workload, plan, data=args.data)  # refuses before any process starts

@@ -408,6 +408,29 @@ def test_an_adapt_resume_whose_own_plan_lost_a_device_continues_on_the_checkpoin
         _plan_adapted_to(tmp_path / "ckpt", lost_a_device, cluster, workload, "--plan")
 
 
+def test_an_adapt_resume_with_another_global_batch_is_refused_as_without_adapt(tmp_path):
+    # --adapt --resume --global-batch 20 trained the checkpoint's 10-sample plan with a note, and every
+    # re-plan of the run then failed ("the running plan's batch is 10 samples but ... 20")
+    from runtime_helpers import spantrain_here
+
+    from spantrain.plan import Plan
+
+    cluster, model = write_inputs(tmp_path)
+    ten = plan("1f1b", "allreduce", [(1, 10, [("a-1", 0, 6)])])
+    (tmp_path / "plan.json").write_text(json.dumps(ten))
+    checkpoint = tmp_path / "ckpt" / "step-00000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "train_state.json").write_text('{"step": 4}')
+    Plan.from_dict(ten).save(checkpoint / "plan.json")
+    code, out, err = spantrain_here("run", "--cluster", str(cluster), "--model", str(model), "--plan",
+                                    str(tmp_path / "plan.json"), "--steps", "8", "--checkpoint-dir",
+                                    str(tmp_path / "ckpt"), "--adapt", "--resume", "--global-batch", "20",
+                                    "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and out == "", err
+    assert err.strip().splitlines() == [f"spantrain run: error: --global-batch 20 but plan {tmp_path / 'plan.json'} "
+                                        "trains 10 samples per iteration (pass --global-batch 10, or leave it out)"]
+
+
 def test_a_resume_continues_in_its_run_directory_and_names_a_change_of_precision(tmp_path, monkeypatch):
     """Without --run-dir a resume made a new run directory: the run's metrics and W&B run split in two."""
     monkeypatch.chdir(tmp_path)  # where a run without --run-dir makes its directory
