@@ -356,15 +356,16 @@ def launch_local(cfg: RunConfig, *, progress: bool = False,
     `adapter`: checked while the workers train; when it decides to switch plans the workers
     finish the iteration, checkpoint and exit, and the result says ``stopped_early``."""
     cfg, devices, run_dir, config_path, start_step = _prepare(cfg)
-    world = len(devices)
-    store = run_dir / "rendezvous"
-    store.unlink(missing_ok=True)
-    cfg.save(config_path)
+    with _until_started(cfg):
+        world = len(devices)
+        store = run_dir / "rendezvous"
+        store.unlink(missing_ok=True)
+        cfg.save(config_path)
 
-    ctx = _context()
-    procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
-                         name=f"spantrain-rank{r}") for r in range(world)]
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
+        ctx = _context()
+        procs = [ctx.Process(target=local_entry, args=(str(config_path), r, world, str(store)),
+                             name=f"spantrain-rank{r}") for r in range(world)]
+        watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter)
     try:
         with _stop_signals_interrupt():
             try:
@@ -468,13 +469,26 @@ def _prepare(cfg: RunConfig, devices: list[str] | None = None) -> tuple[RunConfi
         stale.unlink(missing_ok=True)
     if cfg.job_id:
         write_text_atomic(run_dir / JOB_ID_FILE, cfg.job_id + "\n")
-    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid(), temp_dir=tempfile.mkdtemp(prefix="spantrain-workers-"))
     start_step = 0
     if cfg.resume and cfg.checkpoint_dir:
         latest = latest_checkpoint(cfg.checkpoint_dir)
         if latest is not None:
             start_step = json.loads((latest / "train_state.json").read_text())["step"]
+    # last: the caller removes it (`_until_started`, then its own `finally`)
+    cfg = dataclasses.replace(cfg, launcher_pid=os.getpid(), temp_dir=tempfile.mkdtemp(prefix="spantrain-workers-"))
     return cfg, devices, run_dir, run_dir / "run_config.json", start_step
+
+
+@contextlib.contextmanager
+def _until_started(cfg: RunConfig) -> Iterator[None]:
+    """A launch's set-up between `_prepare` and the `try` whose `finally` cleans up: a Ctrl-C or an
+    error there (an --adapt switch's new launch stopped as it began) left the workers' temporary
+    directory in /tmp."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(cfg.temp_dir, ignore_errors=True)
+        raise
 
 
 WORKER_START_CPU_S = 3.0
@@ -526,17 +540,18 @@ def launch_emulated(cfg: RunConfig, *, cpus: float | None = None, mode: str = "a
     devices = _rank_devices(cfg)
     emu = _emulator(cfg, devices, cpus=cpus, mode=mode, network=network, note=note)
     cfg, devices, run_dir, config_path, start_step = _prepare(cfg, devices)
-    # Pin rank k to the k-th emulated device: the spec's host records (if any) name other hosts.
-    rank_map = run_dir / "rank_map.json"
-    rank_map.write_text(json.dumps(devices) + "\n")
-    cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
-    cfg.save(config_path)
-    network_file = ClusterFile(network, "the emulated network (--emulate-network)", "the links as they are") \
-        if network else None
-    source = "network file" if network else "cluster file"
-    # one device has no link to measure: its worker does not, and the drift note must not say it will
-    watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter,
-                        cfg.measure_links and len(devices) > 1)
+    with _until_started(cfg):
+        # Pin rank k to the k-th emulated device: the spec's host records (if any) name other hosts.
+        rank_map = run_dir / "rank_map.json"
+        rank_map.write_text(json.dumps(devices) + "\n")
+        cfg = dataclasses.replace(cfg, rank_map=str(rank_map))
+        cfg.save(config_path)
+        network_file = ClusterFile(network, "the emulated network (--emulate-network)", "the links as they are") \
+            if network else None
+        source = "network file" if network else "cluster file"
+        # one device has no link to measure: its worker does not, and the drift note must not say it will
+        watcher = _Progress(Path(cfg.metrics_path), cfg.steps, start_step, progress, note, adapter,
+                            cfg.measure_links and len(devices) > 1)
     stall_limit = cfg.timeout_s + _STALL_MARGIN_S
     stalled = switching = False
 

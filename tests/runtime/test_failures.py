@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import ASYMMETRIC, plan, run_plan, spantrain, spantrain_here, write_inputs
+from runtime_helpers import ASYMMETRIC, CLUSTER, plan, run_plan, spantrain, spantrain_here, write_inputs
 
 from spantrain.runtime.launcher import workers_file
 
@@ -345,6 +345,37 @@ def test_a_tracked_worker_killed_outright_leaves_no_temporary_directory(tmp_path
     assert proc.returncode == 1 and "worker rank 0" in err and "killed by SIGKILL" in err, err
     # (torch's own empty inductor cache directory, made when the fork server imports torch, is no leftover of a run)
     assert [p for p in tmp.iterdir() if p.name != "torchinductor_root"] == [], list(tmp.rglob("*"))
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_ctrl_c_as_a_launch_begins_leaves_no_temporary_directory(tmp_path, monkeypatch, emulated):
+    # Ctrl-C right after an --adapt switch's "continuing from iteration N on the new plan" left an
+    # empty /tmp/spantrain-workers-* behind: the launch had made it, and had not reached its `finally`
+    import tempfile
+
+    from spantrain.runtime import launcher
+    from spantrain.runtime.config import RunConfig
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    _, model = write_inputs(tmp_path)
+    cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None,
+                    plan=plan("1f1b", "allreduce", ASYMMETRIC), steps=3, run_dir=str(tmp_path / "run"),
+                    metrics_path=str(tmp_path / "run" / "metrics.jsonl"))
+
+    def ctrl_c(*args, **kwargs):
+        assert list(tmp.glob("spantrain-workers-*"))  # made by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_Progress", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        if emulated:
+            launcher.launch_emulated(cfg, mode="local")
+        else:
+            launcher.launch_local(cfg)
+    # (multiprocessing's own pymp-* directory goes when this process exits)
+    assert list(tmp.glob("spantrain-workers-*")) == []
 
 
 def test_a_signal_to_one_worker_stops_the_run_with_a_checkpoint_and_says_which(tmp_path):
