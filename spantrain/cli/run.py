@@ -502,6 +502,13 @@ def _run(args: argparse.Namespace) -> int:
         check_environment()  # a WANDB_* value wandb refuses fails now, not in rank 0 once every worker started
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
+    if args.adapt and args.adapt_planner == "exhaustive":
+        from spantrain.policies.compare import EXHAUSTIVE_MAX_DEVICES
+
+        if len(cluster) > EXHAUSTIVE_MAX_DEVICES:  # every re-plan failed, one note per change
+            raise ExecutionError(f"--adapt-planner exhaustive covers at most {EXHAUSTIVE_MAX_DEVICES} devices and "
+                                 f"{args.cluster} has {len(cluster)}: pick another (--adapt-planner auto, the "
+                                 "default, or heuristic)")
     torchrun = under_torchrun()
     where = run_where(args.emulate, torchrun)
     emulated = where == "emulated"

@@ -317,6 +317,14 @@ def test_adapt_input_errors_are_one_line(tmp_path):
     code, _, err = spantrain_here(*_run_args(tmp_path, "x", 4, "--adapt", "--checkpoint-dir", str(tmp_path / "c"),
                                              "--adapt-planner", "nope"))
     assert code == 2 and "nope" in err and len(err.strip().splitlines()) == 1
+    # on more devices than exhaustive covers: it ran, and every change's re-plan failed in a note
+    cee16 = Path(__file__).resolve().parents[2] / "examples" / "cee-16.yaml"
+    code, _, err = spantrain_here("run", "--cluster", str(cee16), "--model", "tiny-gpt", "--planner", "heuristic",
+                                  "--steps", "2", "--run-dir", str(tmp_path / "e"), "--adapt", "--checkpoint-dir",
+                                  str(tmp_path / "ce"), "--adapt-planner", "exhaustive")
+    assert code == 2 and err == (f"spantrain run: error: --adapt-planner exhaustive covers at most 8 devices and "
+                                 f"{cee16} has 16: pick another (--adapt-planner auto, the default, or heuristic)\n")
+    assert not (tmp_path / "e").exists()
 
 
 def test_the_cli_replanner_keeps_a_plan_that_still_fits_and_moves_off_a_dead_link():
