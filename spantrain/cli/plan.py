@@ -203,9 +203,11 @@ def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
     except PlanError as e:
         raise PlanError(f"running plan {args.running}: {e}") from None
     if adaptation.missing:
-        print(f"spantrain plan: warning: the running plan's device(s) {', '.join(adaptation.missing)} are not in "
-              f"{args.cluster}; planning afresh (their layers come back from the run's last checkpoint)",
-              file=sys.stderr)
+        gone = adaptation.missing
+        one = len(gone) == 1
+        print(f"spantrain plan: warning: the running plan's device{'' if one else 's'} {', '.join(gone)} "
+              f"{'is' if one else 'are'} not in {args.cluster}; planning afresh ({'its' if one else 'their'} layers "
+              "come back from the run's last checkpoint)", file=sys.stderr)
     return adaptation
 
 
@@ -222,6 +224,8 @@ def _print_adaptation(a, output: str | None) -> None:
     con.print(t)
     if a.missing:
         con.print("decision   plan afresh (devices left the cluster)")
+        # where the user most needs it: the running plan cannot go on
+        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")
     elif a.switch:
         keep, new = a.option("keep"), a.option(a.chosen)
         if math.isfinite(keep.total_s):

@@ -169,7 +169,11 @@ def test_plan_from_cli_with_a_departed_device_warns_and_plans_afresh(run_cli, tm
                              "--from", plan_file, "--json")
     assert code == 0, err
     assert json.loads(out)["adaptation"]["missing_devices"] == ["west-3"]
-    assert err.count("\n") == 1 and "west-3 are not in" in err and "planning afresh" in err
+    assert err.count("\n") == 1 and "the running plan's device west-3 is not in" in err and "planning afresh" in err
+    code, out, err = run_cli("plan", "-c", _spec_file(tmp_path, after, "c.yaml"), "-m", "gpt2-medium",
+                             "--from", plan_file, "-o", tmp_path / "next.json")
+    # no "next" line where the running plan cannot go on, the case that needs it most
+    assert code == 0 and f"next       spantrain run ... --resume --plan {tmp_path / 'next.json'}" in out, out
 
 
 def test_migration_is_priced_at_the_calibrations_state_bytes(running):
