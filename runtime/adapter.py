@@ -49,7 +49,11 @@ from spantrain.runtime.checkpoint import PLAN_FILE
 from spantrain.runtime.config import RunConfig
 from spantrain.runtime.metrics import iteration_totals
 
-__all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars"]
+__all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars",
+           "CLUSTER_SEEN_FILE"]
+
+CLUSTER_SEEN_FILE = "cluster-seen.sha256"
+"""In the run directory: the digest of the cluster file's content an ``--adapt`` run last acted on."""
 
 
 class StopTimedOut(ExecutionError):
@@ -78,15 +82,41 @@ Replan = Callable[[Plan, Cluster, int], Decision]
 class ClusterFile:
     """A cluster spec file that may be rewritten while a run goes on."""
 
-    def __init__(self, path: str | Path, what: str = "the cluster file", keeping: str = "the running plan"):
-        """`what` names the file in notes, `keeping` what stays while it does not load."""
+    def __init__(self, path: str | Path, what: str = "the cluster file", keeping: str = "the running plan", *,
+                 record: Path | None = None, resume: bool = False):
+        """`what` names the file in notes, `keeping` what stays while it does not load.
+
+        `record`: a file keeping the digest of the content the run last acted on. With `resume`,
+        content other than the recorded is a change the first `poll` reports, as if it came
+        while the run went on: a cluster file changed while the run was stopped went unnoticed
+        (it continued on a plan predicted at 16.9 s an iteration against 0.00012 s)."""
         self.path = Path(path)
         self.what, self.keeping = what, keeping
+        self.record = record
         self._stat = self._signature()
         self._digest = self._read_digest()
         self._reported: str | None = None
         self._unreadable_polls = 0
         self._seen = self._digest is not None
+        self.changed_while_stopped = False
+        """The recorded content differs from the file's at start: the first change reported is that one."""
+        last = self._recorded() if resume else None
+        if last is not None and self._digest is not None and last != self._digest:
+            self._digest, self._stat, self.changed_while_stopped = last, None, True
+        else:
+            self._write_record()
+
+    def _recorded(self) -> str | None:
+        if self.record is None:
+            return None
+        try:
+            return self.record.read_text().strip() or None
+        except OSError:
+            return None
+
+    def _write_record(self) -> None:
+        if self.record is not None and self._digest is not None:
+            write_text_atomic(self.record, self._digest + "\n")
 
     def _signature(self) -> tuple[int, int] | None:
         try:
@@ -129,6 +159,7 @@ class ClusterFile:
                 note(f"{self.what} {self.path} changed but does not load ({e}); keeping {self.keeping} until it does")
             return None
         self._digest = digest
+        self._write_record()
         return cluster
 
 
@@ -167,8 +198,12 @@ class Adapter:
         `on_change(cluster)` runs first for every new cluster (the emulator reshapes its links)."""
         if self.pending is not None:
             return True
+        stopped = self.cluster_file.changed_while_stopped
         cluster = self.cluster_file.poll(self.note)
         what, source = "the cluster changed", "file"
+        if cluster is not None and stopped:
+            self.cluster_file.changed_while_stopped = False
+            what = f"{self.cluster_file.what} changed while the run was stopped; noticed"
         if cluster is not None and on_change is not None:
             on_change(cluster)
         if cluster is None and self.measured_file is not None:

@@ -686,9 +686,11 @@ def _run(args: argparse.Namespace) -> int:
                 if args.adapt:
                     from tqdm import tqdm
 
-                    from spantrain.runtime.adapter import Adapter, ClusterFile, run_adapting
+                    from spantrain.runtime.adapter import CLUSTER_SEEN_FILE, Adapter, ClusterFile, run_adapting
 
-                    adapter = Adapter(cluster_file=ClusterFile(args.cluster), plan=plan, cluster=cluster,
+                    # the content the run last acted on, for a resume to notice a change made while it was stopped
+                    watched = ClusterFile(args.cluster, record=run_dir / CLUSTER_SEEN_FILE, resume=bool(args.resume))
+                    adapter = Adapter(cluster_file=watched, plan=plan, cluster=cluster,
                                       measured_file=ClusterFile(run_dir / "cluster-measured.json")
                                       if cfg.measure_links else None,
                                       steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan,
