@@ -25,7 +25,9 @@
    chains merged, a unit moved within its chain (each scored at a hinted P, the best
    few re-scanned over P), or a unit dropped or a chain's P re-picked (always scanned
    over P: shrinking is how the plan sheds devices that only slow it). Large clusters
-   consider the most promising unused units per round (fastest, best connected). Deep
+   consider the most promising unused units per round (fastest, best connected), and a
+   chain of over 16 units sheds them in bulk: each drop scored at the chain's P, then the
+   best 2, 4, 8, ... dropped together. Deep
    models (over `COARSE_CUTS` layers) rank structures on coarse, unrefined layer
    partitions, and partition the best 12 again in full (`Partitioner.screened`).
 4. **Refine** the best few layouts device by device: drop a pipeline or a device, or
@@ -122,6 +124,9 @@ Structure = tuple[Chain, ...]
 _SCREEN_KEEP = 4
 """A deep model's structure search ranks on coarse partitions; this many times `tune_top`
 of its best are partitioned again in full, the best `tune_top` of those kept."""
+_LONG_CHAIN = 16
+"""A chain of more units than this sheds them in bulk (`_ChainSearch.bulk_drops`); shorter ones
+try dropping each unit with every pipeline count."""
 _P_STEPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 """Pipeline counts a chain may take (denser where the choice matters most)."""
 
@@ -659,7 +664,8 @@ class _ChainSearch:
         """Scored neighbours: every proposal at its hinted pipeline count, then the best
         few with the pipeline count re-picked; every chain as it is and with each of its
         units dropped always gets the full pipeline-count scan (shrinking is how a plan
-        sheds devices that only slow it, and a smaller chain often wants another count)."""
+        sheds devices that only slow it, and a smaller chain often wants another count); a
+        chain of over `_LONG_CHAIN` units sheds them in bulk instead (`bulk_drops`)."""
         chains = list(structure)
         screened: list[tuple[Candidate, Structure, tuple[Structure, tuple[int, ...]]]] = []
         for rest, units, hint in self.proposals(structure):
@@ -679,10 +685,12 @@ class _ChainSearch:
         out = [(c, s) for c, s, _ in screened]
         screened.sort(key=lambda x: x[0].rank)
         picked: list[tuple[Structure, tuple[int, ...]]] = []
-        for i, (units, _) in enumerate(chains):
+        for i, (units, P) in enumerate(chains):
             rest = tuple(chains[:i] + chains[i + 1:])
             picked.append((rest, units))
-            if len(units) > 1:
+            if len(units) > _LONG_CHAIN:
+                out += self.bulk_drops(rest, units, P)
+            elif len(units) > 1:
                 picked += [(rest, units[:pos] + units[pos + 1:]) for pos in range(len(units))]
         fixed = len(picked)
         for _, _, key in screened:
@@ -692,6 +700,31 @@ class _ChainSearch:
                 picked.append(key)
         for rest, units in picked:
             r = self.best_p(rest, units)
+            if r:
+                out.append(r)
+        return out
+
+    def bulk_drops(self, rest: Structure, units: tuple[int, ...], P: int) -> list[tuple[Candidate, Structure]]:
+        """A long chain's drops: each unit dropped, scored at the chain's pipeline count; the
+        best few of those with the count re-picked, and the best 2, 4, 8, ... (up to half the
+        chain) dropped together. Dropped one at a time with every count scanned, a chain of
+        128 datacenter nodes shed one node per 40 s round."""
+        singles = []
+        for pos in range(len(units)):
+            left = units[:pos] + units[pos + 1:]
+            options = self.p_options(left)
+            if options:
+                s = _canon((*rest, (left, min(options, key=lambda p: (abs(p - P), p)))))
+                singles.append((self.score(s), s, pos))
+        singles.sort(key=lambda x: x[0].rank)
+        out = [(c, s) for c, s, _ in singles]
+        drops = [{pos} for _, _, pos in singles[: self.config.repick]]
+        k = 2
+        while k <= min(len(singles), len(units) // 2):
+            drops.append({pos for _, _, pos in singles[:k]})
+            k *= 2
+        for drop in drops:
+            r = self.best_p(rest, tuple(u for j, u in enumerate(units) if j not in drop))
             if r:
                 out.append(r)
         return out

@@ -319,3 +319,28 @@ def test_a_search_at_a_large_batch_ranks_on_screened_scores_and_returns_an_exact
     assert any(screened) and not ev.model.screening
     assert max(M for *_, M in best.built) >= kernel.SCREEN_FROM
     assert best.time == CostModel(c, w).estimate(ev.to_plan(best)).iteration_s
+
+
+def test_a_long_chain_sheds_units_in_bulk(monkeypatch):
+    """A chain of more than `_LONG_CHAIN` units drops its best single units 2, 4, ... at a
+    time in one round: one at a time, datacenter-1024's 128-node chain took a 40 s round per
+    node. (Here a long chain is over 3 units: datacenter-64's 8 nodes.)"""
+    from spantrain.policies import heuristic
+    from spantrain.policies.heuristic import _PROBE, HeuristicConfig, _ChainSearch
+
+    monkeypatch.setattr(heuristic, "_LONG_CHAIN", 3)
+    ev = Evaluator(generate(64, 0, "datacenter"), Workload.from_preset("gpt2-medium"))
+    search = _ChainSearch(ev, HeuristicConfig())
+    search.knobs = _PROBE
+    chain = tuple(range(len(search.units)))
+    assert len(chain) == 8 and all(len(search.units[u]) == 8 for u in chain)
+    moved = [s for _, s in search.moves(((chain, 8),))]
+    sizes = {len(s[0][0]) for s in moved if len(s) == 1}
+    assert {7, 6, 4} <= sizes and not sizes & {5, 3, 2, 1}  # singles, the best 2 and the best 4 dropped
+    # the best two single drops are the two dropped together
+    singles = sorted((s for s in set(moved) if len(s) == 1 and len(s[0][0]) == 7 and s[0][1] == 8),
+                     key=lambda s: search.score(s).rank)
+    assert len(singles) == 8
+    best_two = {u for s in singles[:2] for u in set(chain) - set(s[0][0])}
+    pairs = [set(chain) - set(s[0][0]) for s in moved if len(s) == 1 and len(s[0][0]) == 6]
+    assert best_two in pairs
