@@ -900,9 +900,14 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
         from spantrain.plan import Plan
 
         devices = Plan.from_dict(seg["plan"]).devices
+        on = f"on {len(devices)} device(s) ({', '.join(devices)})"
+        if seg["step_s"] is None:  # stopped mid-iteration at a switch: it read "iterations 0..0, n/a s/iteration"
+            print(f"plan {k + 1}: {on}, stopped before it finished its iteration: the next plan went on from "
+                  f"iteration {seg['final_step']}, the last checkpoint (or the start), and trained the rest again")
+            continue
         predicted = f" (predicted {_against(seg.get('predicted_step_s'), seg['step_s'])})" if comparable else ""
-        print(f"plan {k + 1}: iterations {seg['start_step']}..{seg['final_step']} on {len(devices)} device(s) "
-              f"({', '.join(devices)}), {fmt(seg['step_s'], '.3f')} s/iteration{predicted}")
+        print(f"plan {k + 1}: iterations {seg['start_step']}..{seg['final_step']} {on}, "
+              f"{fmt(seg['step_s'], '.3f')} s/iteration{predicted}")
     print(f"metrics: {result['metrics']}")
     if result.get("wandb"):
         print(f"W&B run: {result['wandb']}")

@@ -147,3 +147,19 @@ def test_the_run_tells_its_workers_whether_the_prediction_holds(tmp_path, monkey
                                   *(["--emulate"] if emulate else []))
     # the drift watch measures a plan slow from the start against the prediction only where it holds
     assert code == 130 and seen["holds"] is holds, err
+
+
+def test_the_report_says_a_plan_stopped_mid_iteration_was_rolled_back(capsys):
+    # a switch whose workers could not finish their iteration: "plan 1: iterations 0..0 ... n/a s/iteration"
+    from spantrain.cli.run import _report
+
+    seg = {"start_step": 0, "final_step": 0, "plan": plan("1f1b", "allreduce", ASYMMETRIC), "step_s": None,
+           "predicted_step_s": 0.5}
+    result = {"start_step": 0, "final_step": 6, "target_steps": 6, "stopped_early": False, "loss_first": 5.0,
+              "loss_last": 4.0, "samples_per_s": 10.0, "step_s": 0.5, "metrics": "m.jsonl",
+              "segments": [seg, {**seg, "final_step": 6, "step_s": 0.5}]}
+    _report(result, as_json=False)
+    out = capsys.readouterr().out
+    assert "plan 1: on 4 device(s)" in out and ("stopped before it finished its iteration: the next plan went on "
+                                                "from iteration 0, the last checkpoint (or the start)") in out, out
+    assert "n/a s/iteration" not in out and "plan 2: iterations 0..6 on 4 device(s)" in out
