@@ -44,7 +44,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.calibration import C_OP, C_OPF, C_SPB, C_SPW, Calibration
 from spantrain.env.collectives import SYNC_CODES
 from spantrain.env.collectives import collective_time as _collective_time
-from spantrain.env.kernel import SCREEN_FROM, out_size, pack_model, plan_ints, plan_views, split_out, workspace_size
+from spantrain.env.kernel import SCREEN_FROM, out_size, pack_tables, plan_ints, plan_views, split_out, workspace_size
 from spantrain.env.kernel import evaluate as _evaluate
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.env.symmetry import device_classes
@@ -176,12 +176,16 @@ class CostModel:
         self.calibration = calibration or Calibration()
         L = workload.num_layers
         self.num_layers = L
-        F, B, W = layer_time_table(cluster, workload)
-        self.forward_prefix = _prefix(F)
+        # the three prefix tables as views of the one stacked array the kernel reads: apart, and
+        # stacked again, they held 1.2 GB at once at 4,096 devices and layers
+        tables = np.zeros((3, len(cluster), L + 1))
+        for k, per_layer in enumerate(layer_time_table(cluster, workload)):
+            np.cumsum(per_layer, axis=-1, out=tables[k, :, 1:])
+        self.forward_prefix = tables[0]
         """Seconds per sample of layers [0, k) forward on device i: ``[i, k]``."""
-        self.input_grad_prefix = _prefix(B)
+        self.input_grad_prefix = tables[1]
         """Same for the input-gradient (B) op."""
-        self.weight_grad_prefix = _prefix(W)
+        self.weight_grad_prefix = tables[2]
         """Same for the weight-gradient (W) op."""
         self.boundary_bytes = np.array([x.boundary_bytes for x in workload.layers], dtype=np.float64)
         """Bytes per sample of layer k's output (what a stage ending with layer k sends)."""
@@ -202,10 +206,9 @@ class CostModel:
         self.screening = False
         """True: pipelines of many micro-batches are extrapolated, not simulated (`screened`)."""
         self._capacity = self.capacity_bytes.tolist()
-        self._packed = (*pack_model(self.forward_prefix, self.input_grad_prefix, self.weight_grad_prefix,
-                                    self.boundary_bytes, self.params_prefix, self.activation_prefix,
-                                    self.activation_bytes, self.flops, self.capacity_bytes, self.bandwidth,
-                                    self.latency), self.region, self.calib)
+        self._packed = (*pack_tables(tables, self.boundary_bytes, self.params_prefix, self.activation_prefix,
+                                     self.activation_bytes, self.flops, self.capacity_bytes, self.bandwidth,
+                                     self.latency), self.region, self.calib)
         self._unknown = np.full(64, -1, dtype=np.int64)  # "no pipeline memoized", for up to 64 pipelines
         self._none = np.zeros(0)
         self._out = np.zeros(1024)  # the kernel's output for `estimate` / `estimate_fast`, reused
