@@ -12,6 +12,10 @@ __all__ = ["COLORS", "MAX_ROWS", "draw_timeline", "rows_to_draw"]
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "BW": "#2A9D8F", "act": "#8C8C8C",
           "grad": "#B07AA1", "sync": "#C44E52", "optimizer": "#8172B3"}
 """Colour of each op, message direction and phase."""
+MAX_LABEL_ID = 24
+"""Characters of a device id a row label shows: a spec sets ids no length limit, and a 5,000-character
+id made a label wider than the figure (rows cut off, matplotlib warning on stderr)."""
+
 MAX_ROWS = 64
 """Stage rows a timeline draws at most: a 4,096-stage plan made a 1540 x 189,413 px image."""
 
@@ -83,7 +87,8 @@ def draw_timeline(tr: Trace, path: str | Path, title: str = "", max_rows: int = 
         end = max([ops[-1].end, *synced])
         ax.broken_barh([(end, tr.optimizer_s)], (y, 0.62), facecolors=COLORS["optimizer"], linewidth=0)
         a, z = tr.layers[p][s]
-        labels.append(f"p{p} s{s} {dev} [{a},{z})")
+        label_id = dev if len(dev) <= MAX_LABEL_ID else dev[:MAX_LABEL_ID - 1] + "…"
+        labels.append(f"p{p} s{s} {label_id} [{a},{z})")
         ticks.append(y + 0.45)
         y += 1.0
     y += 0.6

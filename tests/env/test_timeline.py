@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import warnings
 
 import yaml
 
@@ -54,3 +55,36 @@ def test_a_plan_of_many_stages_draws_a_capped_timeline(run_cli, monkeypatch, tmp
     assert f"{MAX_ROWS} of 96 stages drawn" in seen["title"] and "... 32 stages not drawn ..." in seen["texts"]
     _, height = struct.unpack(">II", png.read_bytes()[16:24])
     assert height < 110 * (1.2 + 0.42 * (MAX_ROWS + 2) + 10)  # dpi x inches of MAX_ROWS rows and the sync panel
+
+
+def test_a_long_device_id_is_cut_short_in_the_timeline(run_cli, monkeypatch, tmp_path):
+    from matplotlib.figure import Figure
+
+    # a 5,000-character id (the spec sets no length limit) made a label wider than the figure:
+    # the rows were cut off and matplotlib warned on stderr ("Tight layout not applied")
+    long_id = "d" * 5000
+    spec = {"name": "long", "devices": [{"id": long_id, "region": "r", "tflops": 10, "memory_gb": 16},
+                                        {"id": "b", "region": "r", "tflops": 10, "memory_gb": 16}],
+            "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
+    stages = [{"devices": [long_id], "layers": [0, 4]}, {"devices": ["b"], "layers": [4, 8]}]
+    (tmp_path / "p.json").write_text(json.dumps({"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
+                                                 "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4,
+                                                                "stages": stages}]}))
+    seen = {}
+    real = Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        seen["labels"] = [t.get_text() for t in self.axes[0].get_yticklabels()]
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = run_cli("simulate", "-c", tmp_path / "c.yaml", "-m", "tiny-gpt", "-p", tmp_path / "p.json",
+                               "--timeline", tmp_path / "t.png")
+    assert code == 0, err
+    assert not [w for w in caught if "layout" in str(w.message)], [str(w.message) for w in caught]
+    first, second = seen["labels"]
+    assert first.startswith("p0 s0 ddd") and first.endswith("… [0,4)") and len(first) < 60
+    assert second == "p0 s1 b [4,8)"
