@@ -180,6 +180,9 @@ def _region_positions(cluster: Cluster) -> tuple[dict[str, tuple[float, float]],
     return pos, False
 
 
+_MAX_MARKER_TFLOPS = 500.0
+"""TFLOP/s past which a device's marker grows no more (the catalog's fastest, H100, is 400): its area was
+linear in tflops, and a device of 1e30 (the spec's limit) painted the whole plot and took minutes to draw."""
 _RING_SCALE = 0.25
 """Disc scale of the ring layout (regions that are not cities), in ring units."""
 _DISC_GAP = 0.15
@@ -265,7 +268,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
             rad = 0 if n == 1 else ring
             dots["x"].append(x + rad * math.cos(ang))
             dots["y"].append(y + rad * math.sin(ang))
-            dots["s"].append(12 + 0.5 * d.tflops)
+            dots["s"].append(12 + 0.5 * min(d.tflops, _MAX_MARKER_TFLOPS))
             dots["color"].append(gpu_colors[d.gpu or "?"])
         if len(regions) <= 60:
             # above the disc when a close neighbour lies below it (Frankfurt over Paris), else below

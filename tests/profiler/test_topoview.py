@@ -170,3 +170,29 @@ def test_a_one_region_plot_names_no_fabric_between_regions(monkeypatch, tmp_path
     assert "one fabric" not in title, title
     _, title = _drawn(monkeypatch, generate(16, seed=0, profile="datacenter"), tmp_path / "two.png")
     assert "one fabric: " in title, title
+
+
+def test_a_device_of_huge_tflops_does_not_cover_the_plot(monkeypatch, tmp_path):
+    from matplotlib.collections import PathCollection
+    from matplotlib.figure import Figure
+
+    from spantrain.profiler.topoview import plot_topology
+
+    # marker area grew linearly with tflops: a device of 1e30 TFLOP/s (the spec's limit) painted
+    # the whole figure one colour, hiding every region, label and link
+    spec = {"name": "huge", "devices": [{"id": "a", "region": "r1", "tflops": 1e30, "memory_gb": 16},
+                                        {"id": "b", "region": "r2", "tflops": 10, "memory_gb": 16}],
+            "network": {"regions": {"r1": {"gbps": 10, "latency_ms": 0.1}, "r2": {"gbps": 10, "latency_ms": 0.1}},
+                        "default": {"gbps": 1, "latency_ms": 10}}}
+    seen = {}
+    real = Figure.savefig
+
+    def spy(self, *args, **kw):
+        seen["sizes"] = [float(s) for c in self.axes[0].collections if isinstance(c, PathCollection)
+                         for s in c.get_sizes()]
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    plot_topology(Cluster.from_spec(spec), tmp_path / "t.png")
+    assert seen["sizes"] and max(seen["sizes"]) <= 300, seen["sizes"]
+    assert 12 + 0.5 * 10 in seen["sizes"]  # an ordinary device keeps its size
