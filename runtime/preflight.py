@@ -101,7 +101,8 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
     arch = require_arch(workload)
     if arch.vocab_size < 256:
         raise WorkloadError(f"model {workload.name!r}: byte-level data needs a vocabulary of at least 256, "
-                            f"it has {arch.vocab_size}")
+                            f"it has {arch.vocab_size}: set the architecture's vocab_size to 256 or more to run it "
+                            "(the runtime trains on bytes; planning takes any size)")
     if data is not None:
         p = Path(data)
         if p.is_dir():

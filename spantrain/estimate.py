@@ -20,8 +20,10 @@ def fmt_memory(n_bytes: float) -> str:
 
 def memory_reason(device: str, need_bytes: float, have_bytes: float) -> str:
     """Why a device cannot hold its stage: an `Estimate.reasons` entry."""
-    return (f"{device} needs {fmt_memory(need_bytes)}, has {fmt_memory(have_bytes)} "
-            f"(short {fmt_memory(need_bytes - have_bytes)})")
+    need, have = fmt_memory(need_bytes), fmt_memory(have_bytes)
+    if need == have:  # "needs 1.4 GB, has 1.4 GB (short 91.6 MB)": digits enough to tell them apart
+        need, have = (f"{x / 1e9:.4g} GB" if abs(x) >= 1e8 else f"{x / 1e6:.5g} MB" for x in (need_bytes, have_bytes))
+    return f"{device} needs {need}, has {have} (short {fmt_memory(need_bytes - have_bytes)})"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -301,6 +301,8 @@ def test_a_tiny_shortfall_is_shown_with_its_digits():
     assert memory_reason("a-0", 2.2e6, 1e6) == "a-0 needs 2.2 MB, has 1 MB (short 1.2 MB)"
     assert memory_reason("a-0", 1.2e8, 9.99e7) == "a-0 needs 0.1 GB, has 99.9 MB (short 20.1 MB)"
     assert memory_reason("a-0", 16.6e9, 12e9) == "a-0 needs 16.6 GB, has 12.0 GB (short 4.6 GB)"
+    # both rounded alike: "needs 1.4 GB, has 1.4 GB (short 91.6 MB)"
+    assert memory_reason("s-0", 1.4416e9, 1.35e9) == "s-0 needs 1.442 GB, has 1.35 GB (short 91.6 MB)"
 
 
 def test_overlapped_local_sgd_pays_the_drain_its_averaging_iteration_cannot_overlap():

@@ -669,3 +669,18 @@ def test_a_wandb_setting_wandb_refuses_stops_a_tracked_run_before_any_worker(tmp
     assert err.strip().splitlines() == ["spantrain run: error: WANDB_SILENT=maybe is refused by W&B (Input should "
                                         "be a valid boolean, unable to interpret input): fix it or unset it"], err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_of_a_tiny_vocabulary_is_refused_with_the_fix(tmp_path):
+    # planned, then "byte-level data needs a vocabulary of at least 256, it has 33" and no fix
+    cluster, model = write_inputs(tmp_path)
+    spec = json.loads(model.read_text())
+    spec["architecture"]["vocab_size"] = 33
+    small = tmp_path / "small-vocab.json"
+    small.write_text(json.dumps(spec))
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 3), ("b-0", 3, 6)])])))
+    code, _, err = spantrain_here("run", "-c", str(cluster), "-m", str(small), "--plan", str(tmp_path / "p.json"),
+                                  "--steps", "1", "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.rstrip().endswith("it has 33: set the architecture's vocab_size to 256 or more to run it (the runtime "
+                                 "trains on bytes; planning takes any size)"), err
