@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Estimate", "memory_reason", "fmt_memory"]
+__all__ = ["Estimate", "memory_reason", "fmt_memory", "fmt_gb"]
 
 
 def fmt_memory(n_bytes: float) -> str:
@@ -16,6 +16,11 @@ def fmt_memory(n_bytes: float) -> str:
     if n_bytes == 0 or abs(n_bytes) >= 1e8:
         return f"{n_bytes / 1e9:.1f} GB"
     return f"{n_bytes / 1e6:.3g} MB"
+
+
+def fmt_gb(gb: float) -> str:
+    """GB for a table column: one decimal, below 0.1 GB two digits (a 12 MB stage read "0.0")."""
+    return f"{gb:.1f}" if gb == 0 or abs(gb) >= 0.1 else f"{gb:.2g}"
 
 
 def memory_reason(device: str, need_bytes: float, have_bytes: float) -> str:

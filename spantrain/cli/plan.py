@@ -36,6 +36,7 @@ from spantrain.cli._common import (
     stdout_console,
 )
 from spantrain.cli._dataclass_args import flag
+from spantrain.estimate import fmt_gb
 
 __all__ = ["register", "run", "planner_options", "requested_options", "unused_options", "check_policy",
            "add_planner_option_args", "DEFAULT_PLANNER"]
@@ -255,7 +256,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
         for s, st in enumerate(pipe.stages):
             d = cluster.device(st.device)
             need = est.peak_memory_gb.get(st.device, 0.0)
-            mem = f"{need:.1f} / {readable(d.memory_gb)}"  # a profiled spec's figures carry 6 digits
+            mem = f"{fmt_gb(need)} / {readable(d.memory_gb)}"  # a profiled spec's figures carry 6 digits
             first = s == 0
             t.add_row(str(p) if first else "",
                       # size x count, as `simulate` prints it

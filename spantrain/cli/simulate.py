@@ -18,6 +18,7 @@ from spantrain.cli._common import (
     stdout_console,
 )
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
+from spantrain.estimate import fmt_gb
 
 __all__ = ["register", "run"]
 
@@ -110,7 +111,7 @@ def _print_human(est, plan, workload, pipes, timeline, calibration: str | None =
             t.add_column(col, justify="left" if col in ("device", "layers") else "right")
         for s, row in enumerate(pipe["stages"]):
             over = row["memory_gb"] > row["capacity_gb"]
-            mem = f"{row['memory_gb']:.1f} / {row['capacity_gb']:.1f}"
+            mem = f"{fmt_gb(row['memory_gb'])} / {fmt_gb(row['capacity_gb'])}"
             t.add_row(str(s), row["device"], f"[{row['layers'][0]}, {row['layers'][1]})", readable(row["f_ms"]),
                       readable(row["b_ms"]), readable(row["w_ms"]), str(row["in_flight"]),
                       f"[bold red]{mem}[/]" if over else mem)

@@ -341,3 +341,10 @@ def test_bubble_fractions_are_never_below_zero():
         est = CostModel(cluster, workload).estimate(plan)
         assert all(b >= 0.0 for b in est.bubble_fraction), est.bubble_fraction
         assert all(b >= 0.0 for b in est.as_run(False)[1])
+
+
+def test_table_memory_figures_keep_small_stages_apart_from_zero():
+    from spantrain.estimate import fmt_gb
+
+    # a 12.4 MB stage read "0.0 / 16" in plan's table
+    assert [fmt_gb(x) for x in (0.0124, 0.0, 0.1, 16.6, 0.00049)] == ["0.012", "0.0", "0.1", "16.6", "0.00049"]
