@@ -192,6 +192,9 @@ class Tracker:
             self.run = init(mode, **timeout)
         except wandb.errors.Error as e:
             reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            # wandb's service keeps the failed online attempt's run id: an offline run under the
+            # same id (a `run`'s, a resumed job's) was refused as "in use" and failed the job
+            wandb.teardown()
             self.run = init("offline")
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")

@@ -43,6 +43,32 @@ def test_online_without_login_or_network_logs_offline_with_a_note(tmp_path, monk
                    f"logging offline to {where} instead (`wandb sync {where}` uploads it later)"]
 
 
+def test_a_run_id_that_cannot_start_online_logs_offline_under_the_same_id(tmp_path, monkeypatch, capsys):
+    """A `run --track` (its launcher picks the id) or a resumed job with a W&B server that does not
+    answer: the offline retry under the same id was refused by wandb's service ("run ID ... is in
+    use"), and the whole training run failed before its first iteration."""
+    import socket
+
+    from spantrain.tracking import Tracker
+
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
+    tracker = Tracker(job_type="test", config={"a": 1}, dir=tmp_path / "wandb", run_id="abcd1234")
+    try:
+        tracker.log({"x": 1.0}, step=0)
+        where, run_id = tracker.url_or_dir, tracker.run_id
+    finally:
+        tracker.finish()
+    assert run_id == "abcd1234"
+    assert where.startswith(str(tmp_path / "wandb" / "wandb" / "offline-run-")) and where.endswith("-abcd1234")
+    assert "W&B cannot log online" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("machine,env", [
     ("api.wandb.ai", {}),
     ("api.forge.coreweave.com", {}),  # what `wandb login` writes since W&B's API moved there
