@@ -280,6 +280,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     first_step = _checkpoint_step(latest_checkpoint(cfg.checkpoint_dir)) if cfg.resume and cfg.checkpoint_dir else 0
     segments: list[dict[str, Any]] = []
     written = 0
+    # the job's decisions before this launch (a resumed --adapt job): its W&B table holds them too
+    earlier = _logged_decisions(cfg.metrics_path) if cfg.resume else []
     resumed_from = None  # the first launch's: the later ones resume from the switches' checkpoints
 
     def add_segment(result: dict[str, Any]) -> None:
@@ -357,8 +359,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
     finally:
         _log_decisions(cfg.metrics_path, adapter.records, written)
     whole = whole_run(result)
-    if cfg.track and adapter.records:  # a run that ends normally: not in the way of a Ctrl-C
-        _track_decisions(cfg, adapter.records)
+    if cfg.track and (earlier or adapter.records):  # a run that ends normally: not in the way of a Ctrl-C
+        _track_decisions(cfg, earlier + adapter.records)
     _write_result(cfg, whole)  # RUN_DIR/result.json held the last plan's part alone
     return whole
 
@@ -379,6 +381,20 @@ def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> in
             for rec in records[written:]:
                 f.write(json.dumps({"event": "adapt", **rec}) + "\n")
     return len(records)
+
+
+def _logged_decisions(path: str) -> list[dict[str, Any]]:
+    """The ``adapt`` events a metrics file holds (whole lines only), as decision records."""
+    text = Path(path).read_text() if Path(path).exists() else ""
+    records = []
+    for line in text[:text.rfind("\n") + 1].splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == "adapt":
+            records.append({k: v for k, v in rec.items() if k != "event"})
+    return records
 
 
 DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "iteration_s_new", "migration_s",

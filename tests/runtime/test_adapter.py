@@ -210,6 +210,32 @@ def test_a_switch_the_run_ended_before_is_recorded_as_never_made_and_kept_for_a_
                          "step-00000006 holds it, and --resume --adapt continues on it")
 
 
+def test_a_resumed_adapt_job_tracks_the_decisions_of_its_earlier_launches(tmp_path, monkeypatch):
+    # a job stopped after a switch (Ctrl-C skips the table) and resumed with --adapt ended with no
+    # adapt/decisions table in its W&B run: the resumed launch tabled its own decisions only (none)
+    import spantrain.runtime.adapter as adapter_module
+    from spantrain.runtime.config import RunConfig
+
+    _, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("nothing changed"), steps=20)
+    _, model = write_inputs(tmp_path)
+    metrics = tmp_path / "m.jsonl"
+    earlier = {"step": 1, "source": "file", "chosen": "ppo", "switch": True, "iteration_s_kept": 9.7,
+               "iteration_s_new": 0.001, "migration_s": 55.0, "switched_at": 2}
+    metrics.write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n" + json.dumps({"event": "adapt", **earlier})
+                       + "\n" + json.dumps({"step": 2, "loss": 4.0}) + "\n")
+    cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=20,
+                    run_dir=str(tmp_path / "run"), metrics_path=str(metrics), resume=True, track=True)
+    tracked = []
+    monkeypatch.setattr(adapter_module, "_track_decisions", lambda cfg, records: tracked.append(records))
+
+    def launch(cfg, adapter):
+        return {"start_step": 2, "final_step": 20, "stopped_early": False, "plan": RUNNING.to_dict(),
+                "step_s": 0.1, "samples_per_s": 10.0, "predicted_step_s": None, "checkpoint": None}
+
+    adapter_module.run_adapting(cfg, launch, adapter)
+    assert tracked == [[earlier]]
+
+
 def test_no_decision_when_nothing_is_left_to_run(tmp_path):
     path, adapter, _ = _adapter(tmp_path, lambda *a: pytest.fail("replanned with no iteration left"), steps=10)
     rewrite(path, SLOW_WAN)
