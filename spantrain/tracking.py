@@ -18,7 +18,7 @@ from typing import Any
 from spantrain.errors import SpantrainError
 
 __all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
-           "remove_import_temp_dirs", "RUN_ID_FILE"]
+           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -309,6 +309,22 @@ class Tracker:
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.finish(exit_code=None if exc_type is None else 1)
+
+
+def describe_run(where: str) -> str:
+    """`where` (a run's W&B page, or offline its directory) for a closing line. Offline, a job that
+    several launches logged to (a `--resume`, `--adapt`'s plans, its decisions table) has a
+    directory per launch under one run id: naming the last alone, `wandb sync` of it uploaded that
+    launch's part only. Then the line says so and gives the pattern that uploads every part."""
+    path = Path(where)
+    if not path.name.startswith("offline-run-"):
+        return where
+    run_id = path.name.rsplit("-", 1)[-1]
+    parts = sorted(path.parent.glob(f"offline-run-*-{run_id}"))
+    if len(parts) <= 1:
+        return where
+    return (f"{where} (one of {len(parts)} offline parts of run {run_id}, one per launch: "
+            f"`wandb sync {path.parent}/offline-run-*-{run_id}` uploads them all)")
 
 
 def remove_import_temp_dirs() -> None:

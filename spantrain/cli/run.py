@@ -910,7 +910,9 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
               f"{fmt(seg['step_s'], '.3f')} s/iteration{predicted}")
     print(f"metrics: {result['metrics']}")
     if result.get("wandb"):
-        print(f"W&B run: {result['wandb']}")
+        from spantrain.tracking import describe_run
+
+        print(f"W&B run: {describe_run(result['wandb'])}")
     if result.get("checkpoint"):
         print(f"checkpoint: {result['checkpoint']}")
 

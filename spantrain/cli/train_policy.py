@@ -94,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
             else ""
         print(f"shipped it to {summary['shipped']}, which `ppo` and `auto` load{kept}", file=out)
     if summary["wandb"]:
-        print(f"W&B run: {summary['wandb']}", file=out)
+        from spantrain.tracking import describe_run
+
+        print(f"W&B run: {describe_run(summary['wandb'])}", file=out)
     if args.json:
         print_json(summary)
     return 0

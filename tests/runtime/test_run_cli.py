@@ -535,6 +535,30 @@ def test_a_diverged_run_says_so(capsys, losses, note, in_fp16):
     assert (capsys.readouterr().err != "") == in_fp16
 
 
+def test_the_closing_line_names_every_offline_part_of_a_resumed_jobs_wandb_run(tmp_path, capsys):
+    # a resumed or --adapt job logs each launch to a directory of its own under one run id; the
+    # closing line named the last launch's alone, whose `wandb sync` uploaded that part only (under
+    # --adapt not even the one holding the decisions table)
+    from spantrain.cli.run import _report
+
+    runs = tmp_path / "r" / "wandb" / "wandb"
+    parts = [runs / f"offline-run-2026112{k}_000000-abcd1234" for k in range(3)]
+    for p in parts:
+        p.mkdir(parents=True)
+    (runs / "offline-run-20261124_000000-other123").mkdir()  # another run's: not a part
+    result = {"start_step": 4, "final_step": 8, "target_steps": 8, "stopped_early": False, "loss_first": 5.0,
+              "loss_last": 4.0, "samples_per_s": 10.0, "step_s": 1.0, "metrics": "m.jsonl", "losses": [5.0, 4.0],
+              "wandb": str(parts[1])}
+    _report(result, as_json=False)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("W&B run: ")]
+    assert line == (f"W&B run: {parts[1]} (one of 3 offline parts of run abcd1234, one per launch: "
+                    f"`wandb sync {runs}/offline-run-*-abcd1234` uploads them all)")
+    for p in parts[1:]:
+        p.rmdir()
+    _report(result | {"wandb": str(parts[0])}, as_json=False)
+    assert f"W&B run: {parts[0]}\n" in capsys.readouterr().out  # a run of one launch: its directory, as before
+
+
 def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
     from runtime_helpers import ASYMMETRIC, CLUSTER, MODEL, plan, run_plan, wandb_items
 
