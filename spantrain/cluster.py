@@ -93,6 +93,19 @@ class Device:
     layer_times: Mapping[str, LayerTimes] = field(default_factory=dict)
     """Measured per-layer times by workload name; the cost model prefers them to FLOPs."""
 
+    def __post_init__(self) -> None:
+        # the spec parser checks its entries; a Device built in code met no check (tflops=-5 or nan planned)
+        fields = dataclasses.asdict(self)
+        where = f"device {shown(self.id)}"
+        problems: list[str] = []
+        nonempty_str(fields, "id", "device", problems)
+        if not isinstance(self.region, str):
+            problems.append(f"{where}: region must be a string, got {shown(self.region)}")
+        positive_number(fields, "tflops", where, problems)
+        positive_number(fields, "memory_gb", where, problems)
+        if problems:
+            raise SpecError(join_problems(problems))
+
     @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
@@ -111,6 +124,14 @@ class NetLink:
     """Bandwidth in Gbit/s."""
     latency_ms: float
     """One-way latency in milliseconds."""
+
+    def __post_init__(self) -> None:
+        fields = {"gbps": self.gbps, "latency_ms": self.latency_ms}
+        problems: list[str] = []
+        positive_number(fields, "gbps", "link", problems)
+        nonneg_number(fields, "latency_ms", "link", problems)
+        if problems:
+            raise SpecError(join_problems(problems))
 
     @property
     def bytes_per_s(self) -> float:

@@ -352,3 +352,28 @@ def test_a_workload_given_as_the_cluster_is_named_in_one_line(tmp_path, demo_spe
     demo_spec["pipelines"] = []
     with pytest.raises(SpecError, match="unknown key 'pipelines'"):
         Cluster.from_spec(demo_spec)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"tflops": -5.0}, "tflops"),
+    ({"tflops": float("nan")}, "tflops"),
+    ({"memory_gb": float("inf")}, "memory_gb"),
+    ({"memory_gb": "16"}, "memory_gb"),
+    ({"id": 3}, "id"),
+    ({"region": None}, "region"),
+])
+def test_device_built_in_code_checks_its_fields(kwargs, field):
+    from spantrain.cluster import Device
+    args = {"id": "a", "region": "r", "tflops": 10.0, "memory_gb": 16.0} | kwargs
+    with pytest.raises(SpecError, match=field):
+        Device(**args)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"gbps": -1.0}, "gbps"), ({"gbps": 0}, "gbps"), ({"latency_ms": float("nan")}, "latency_ms"),
+    ({"latency_ms": -2}, "latency_ms"),
+])
+def test_netlink_built_in_code_checks_its_fields(kwargs, field):
+    from spantrain.cluster import NetLink
+    with pytest.raises(SpecError, match=field):
+        NetLink(**({"gbps": 10.0, "latency_ms": 0.1} | kwargs))
