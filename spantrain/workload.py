@@ -215,6 +215,8 @@ class Workload:
     @classmethod
     def from_arch(cls, arch: Architecture, *, name: str, global_batch: int, seq_len: int,
                   precision: str = "bf16", tied_embeddings: bool = False) -> Workload:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+            raise WorkloadError(f"workload {shown(name)}: seq_len must be a positive integer, got {shown(seq_len)}")
         if seq_len > arch.max_seq_len:
             raise WorkloadError(f"workload {shown(name)}: seq_len {seq_len} exceeds the architecture's "
                                 f"max_seq_len {arch.max_seq_len}")
@@ -230,8 +232,9 @@ class Workload:
             raise WorkloadError(f"unknown model {shown(name)}: use a preset ({', '.join(PRESETS)}) "
                                 "or a workload YAML file")
         p = PRESETS[name]
-        return cls.from_arch(p["arch"], name=name, global_batch=global_batch or p["global_batch"],
-                             seq_len=seq_len or p["seq_len"], precision=p["precision"],
+        return cls.from_arch(p["arch"], name=name,
+                             global_batch=p["global_batch"] if global_batch is None else global_batch,
+                             seq_len=p["seq_len"] if seq_len is None else seq_len, precision=p["precision"],
                              tied_embeddings=p["tied"])
 
     @classmethod
@@ -252,7 +255,7 @@ def load_workload(model: str, *, global_batch: int | None = None) -> Workload:
     path = Path(model)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         w = Workload.from_file(path)
-        return w.with_global_batch(global_batch) if global_batch else w
+        return w if global_batch is None else w.with_global_batch(global_batch)
     raise WorkloadError(f"unknown model {shown(model)}: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
 
 

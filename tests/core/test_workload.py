@@ -217,3 +217,19 @@ def test_another_kind_of_file_given_as_the_model_is_named_in_one_line(name, mess
     with pytest.raises(WorkloadError) as err:  # each of its keys was an unknown key
         load_workload(str(path))
     assert str(err.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("kwargs", [{"global_batch": 0}, {"seq_len": 0}, {"seq_len": -1}, {"seq_len": "64"},
+                                    {"seq_len": 64.0}])
+def test_from_preset_refuses_a_bad_batch_or_length_naming_it(kwargs):
+    # 0 was taken as "not given" (the preset's value, silently); -1 blamed the FLOPs; "64" was a TypeError
+    with pytest.raises(WorkloadError, match=next(iter(kwargs))):
+        Workload.from_preset("tiny-gpt", **kwargs)
+
+
+def test_load_workload_refuses_global_batch_0():
+    # a file's workload kept its own batch when given 0 (`if global_batch`), silently
+    for model in ("examples/tiny-custom.yaml", "tiny-gpt"):
+        with pytest.raises(WorkloadError, match="global_batch"):
+            load_workload(str(Path(__file__).parents[2] / model) if model.endswith("yaml") else model,
+                          global_batch=0)
