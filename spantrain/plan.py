@@ -159,6 +159,9 @@ class Plan:
     def _setting_problems(self) -> list[str]:
         """The problems of the schedule and the sync settings."""
         out: list[str] = []
+        if not isinstance(self.sync, Sync):  # Plan(sync="allreduce") in code: an AttributeError below
+            out.append(f"sync must be a Sync(mode=..., period=...), {got(self.sync)}")
+            return out
         if self.schedule not in SCHEDULES:
             out.append(f"schedule {shown(self.schedule)} is unknown (choose from {', '.join(SCHEDULES)})")
         if self.sync.mode not in SYNC_MODES:
@@ -175,6 +178,8 @@ class Plan:
     def problems(self, cluster: Cluster | None = None, workload: Workload | None = None) -> list[str]:
         """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
         out = self._setting_problems()
+        if shape := _shape_problems(self.pipelines):  # built in code with wrong types: nothing else to check
+            return out + shape
         if not self.pipelines:
             out.append("plan has no pipelines")
         elif all(_pos_int(p.micro_batch_size) and _pos_int(p.num_micro_batches) for p in self.pipelines) \
@@ -209,7 +214,7 @@ class Plan:
                     else:
                         seen[d] = sw
                 a, b = s.layers
-                if not (isinstance(a, int) and isinstance(b, int)) or a >= b:
+                if not (_int(a) and _int(b)) or a >= b:
                     out.append(f"{sw}: layer range [{a}, {b}) is empty or malformed")
                     expected_start = b if isinstance(b, int) else expected_start
                     continue
@@ -381,6 +386,33 @@ class Plan:
     load = from_file
 
 
+def _shape_problems(pipelines: Any) -> list[str]:
+    """The problems of a plan built in code whose parts are of the wrong types (a list of dicts
+    for stages, a None layer range, a device id that is no string), which `problems` names
+    instead of failing on them."""
+    if not isinstance(pipelines, (tuple, list)):
+        return [f"pipelines must be a tuple of Pipeline, {got(pipelines)}"]
+    out: list[str] = []
+    for i, p in enumerate(pipelines):
+        if not isinstance(p, Pipeline):
+            out.append(f"pipeline {i} must be a Pipeline, {got(p)}")
+            continue
+        if not isinstance(p.stages, (tuple, list)):
+            if p.stages is not None:  # None: "has no stages", below
+                out.append(f"pipeline {i}: stages must be a tuple of Stage, {got(p.stages)}")
+            continue
+        for j, st in enumerate(p.stages):
+            sw = f"pipeline {i} stage {j}"
+            if not isinstance(st, Stage):
+                out.append(f"{sw} must be a Stage, {got(st)}")
+                continue
+            if not (isinstance(st.layers, (tuple, list)) and len(st.layers) == 2):
+                out.append(f"{sw}: layers must be a (start, end) pair, {got(st.layers)}")
+            if not (isinstance(st.devices, (tuple, list)) and all(isinstance(d, str) for d in st.devices)):
+                out.append(f"{sw}: devices must be a tuple of device ids (strings), {got(st.devices)}")
+    return out
+
+
 def _out_of_order(stages) -> str:
     """The stages' ranges in order ("stage 2 [0, 3), stage 0 [3, 8)") when they cover their
     layers exactly once from 0 but not in stage order; else ""."""
@@ -392,6 +424,10 @@ def _out_of_order(stages) -> str:
     if not tiles or order == list(range(len(ranges))):
         return ""
     return ", ".join(f"stage {j} [{ranges[j][0]}, {ranges[j][1]})" for j in order)
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _pos_int(x: Any) -> bool:

@@ -262,3 +262,26 @@ def test_another_kind_of_file_given_as_a_plan_is_named_in_one_line(name, message
             Cluster.from_file(plan)
         assert str(err.value) == (f"{plan}: looks like a plan (it has pipelines), not a cluster spec: pass it as the "
                                   "plan (--plan, or plan --from)")
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"sync": "allreduce"}, "sync must be a Sync"),
+    ({"sync": None}, "sync must be a Sync"),
+    ({"pipelines": None}, "pipelines must be"),
+    ({"layers": (0, 1, 2)}, "layers must be a"),
+    ({"layers": None}, "layers must be a"),
+    ({"layers": (False, True)}, "malformed"),
+    ({"devices": "cloud-0"}, "devices must be"),
+    ({"devices": (["cloud-0"],)}, "devices must be"),
+    ({"devices": (5,)}, "devices must be"),
+    ({"stage": {"devices": ["cloud-0"], "layers": [0, 1]}}, "must be a Stage"),
+])
+def test_plan_built_in_code_with_wrong_types_names_them(changes, named):
+    # were ValueError / TypeError / AttributeError from inside problems(), or passed (device 5)
+    from spantrain.plan import Pipeline, Plan, Stage
+    stage = changes.get("stage") or Stage(devices=changes.get("devices", ("cloud-0",)),
+                                          layers=changes.get("layers", (0, 1)))
+    pipelines = changes.get("pipelines", (Pipeline(stages=(stage,), micro_batch_size=1, num_micro_batches=1),))
+    kwargs = {"sync": changes["sync"]} if "sync" in changes else {}
+    with pytest.raises(PlanError, match=named):
+        Plan(pipelines=pipelines, **kwargs).validate()
