@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +39,10 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs, Layout
 from spantrain.env.moves import action_mask, apply_move, roles
 from spantrain.env.spaces import EDGE_FEATURES, GLOBAL_FEATURES, KNOBS, NODE_FEATURES, ActionLayout
-from spantrain.errors import SpantrainError
+from spantrain.errors import SpantrainError, join_problems
 from spantrain.plan import SCHEDULES
 from spantrain.profiler.topology import PROFILES, generate
-from spantrain.workload import Workload
+from spantrain.workload import PRESETS, Workload
 
 __all__ = ["EnvConfig", "Scenario", "StartProvider", "PlanEnv", "ENV_ID", "simple_start", "network_change",
            "scenario_pool", "scenario_workload", "held_layers", "as_running"]
@@ -92,25 +93,59 @@ class EnvConfig:
     optimum, from which a policy learns repairs (0: start as planned)."""
 
     def __post_init__(self) -> None:
-        if not 2 <= self.min_devices <= self.max_devices:
-            raise SpantrainError(f"EnvConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
-        for p in self.profiles:
-            if p not in PROFILES:
-                raise SpantrainError(f"EnvConfig.profiles: unknown profile {p!r}")
-        if not self.models:
-            raise SpantrainError("EnvConfig.models must name at least one preset")
-        if not 0 <= self.adapt_prob <= 1:
-            raise SpantrainError(f"EnvConfig.adapt_prob must be in [0, 1], got {self.adapt_prob}")
-        if self.max_steps < 1 or self.horizon < 1:
-            raise SpantrainError("EnvConfig.max_steps and horizon must be >= 1")
-        if not self.batch_scales or any(b < 1 for b in self.batch_scales):
-            raise SpantrainError(f"EnvConfig.batch_scales must be positive integers, got {self.batch_scales}")
-        if self.start_kicks < 0:
-            raise SpantrainError(f"EnvConfig.start_kicks must be >= 0, got {self.start_kicks}")
-        if self.pool_size < 0:
-            raise SpantrainError(f"EnvConfig.pool_size must be >= 0, got {self.pool_size}")
-        if self.seed_range[0] >= self.seed_range[1]:
-            raise SpantrainError(f"EnvConfig.seed_range must be a non-empty [lo, hi), got {self.seed_range}")
+        # every problem at once, each naming its field: a string, None or nan here was a TypeError,
+        # or was taken (models="gpt2-medium" as 11 one-letter models, reward_scale=nan as nan rewards)
+        problems: list[str] = []
+
+        def whole(name: str, lo: int) -> bool:
+            value = getattr(self, name)
+            if not _whole(value) or value < lo:
+                problems.append(f"EnvConfig.{name} must be an integer >= {lo}, got {value!r}")
+                return False
+            return True
+
+        def names(name: str, known) -> None:
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, tuple | list) or not value:
+                problems.append(f"EnvConfig.{name} must be a non-empty tuple of names, got {value!r}")
+                return
+            for x in value:
+                if not isinstance(x, str) or x not in known:
+                    problems.append(f"EnvConfig.{name}: unknown name {x!r} (choose from {', '.join(known)})")
+
+        if whole("max_devices", 2) & whole("min_devices", 2) and self.min_devices > self.max_devices:
+            problems.append(f"EnvConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
+        names("profiles", PROFILES)
+        names("models", PRESETS)
+        whole("max_steps", 1)
+        whole("horizon", 1)
+        whole("start_kicks", 0)
+        whole("pool_size", 0)
+        whole("pool_seed", 0)
+        if not _real(self.adapt_prob) or not 0 <= self.adapt_prob <= 1:
+            problems.append(f"EnvConfig.adapt_prob must be in [0, 1], got {self.adapt_prob!r}")
+        if not _real(self.reward_scale) or self.reward_scale <= 0:
+            problems.append(f"EnvConfig.reward_scale must be a finite number > 0, got {self.reward_scale!r}")
+        if not _real(self.invalid_penalty) or self.invalid_penalty < 0:
+            problems.append(f"EnvConfig.invalid_penalty must be a finite number >= 0, got {self.invalid_penalty!r}")
+        scales = self.batch_scales
+        if isinstance(scales, str) or not isinstance(scales, tuple | list) or not scales \
+                or not all(_whole(b) and b >= 1 for b in scales):
+            problems.append(f"EnvConfig.batch_scales must be positive integers, got {scales!r}")
+        lo_hi = self.seed_range
+        if not (isinstance(lo_hi, tuple | list) and len(lo_hi) == 2 and all(_whole(x) and x >= 0 for x in lo_hi)
+                and lo_hi[0] < lo_hi[1]):
+            problems.append(f"EnvConfig.seed_range must be a non-empty [lo, hi) of integers >= 0, got {lo_hi!r}")
+        if problems:
+            raise SpantrainError(join_problems(problems))
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(kw_only=True)

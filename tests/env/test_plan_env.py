@@ -224,3 +224,30 @@ def test_kicked_starts_are_feasible_seeded_and_off_the_planned_start():
     assert any((lay, k) != (lay0, k0) for lay, k, lay0, k0 in starts)
     with pytest.raises(SpantrainError, match="start_kicks"):
         EnvConfig(start_kicks=-1)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("models", ("nope",)),          # was "fit none of the clusters" after 50 draws
+    ("models", "gpt2-medium"),      # was 11 one-letter models
+    ("reward_scale", float("nan")),  # was nan rewards
+    ("invalid_penalty", None),
+    ("max_steps", float("nan")),    # was an episode that never truncates
+    ("horizon", "500"),             # was a TypeError
+    ("min_devices", None),
+    ("profiles", None),
+    ("batch_scales", 4),
+    ("seed_range", 5),
+    ("pool_seed", "x"),
+])
+def test_env_config_names_a_bad_field(field, value):
+    from spantrain.env.plan_env import EnvConfig
+    from spantrain.errors import SpantrainError
+    with pytest.raises(SpantrainError, match=rf"EnvConfig\.{field}"):
+        EnvConfig(**{field: value})
+
+
+def test_env_config_names_every_bad_field_at_once():
+    from spantrain.env.plan_env import EnvConfig
+    from spantrain.errors import SpantrainError
+    with pytest.raises(SpantrainError, match=r"horizon.*reward_scale"):
+        EnvConfig(reward_scale=-1.0, horizon=0)
