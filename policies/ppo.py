@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -189,11 +190,20 @@ class PPOConfig:
     """Seed of the sampled rollouts."""
 
     def __post_init__(self) -> None:
+        # every problem at once; a seed of nan or "x" failed in torch.manual_seed, a policy of 5 in Path()
+        problems = []
+        if self.policy is not None and not isinstance(self.policy, str | os.PathLike):
+            problems.append(f"policy must be the path of a policy file, got {self.policy!r}")
         if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
                                          or self.samples < 0):
-            raise SpantrainError(f"ppo: samples must be an integer >= 0, got {self.samples!r}")
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
-            raise SpantrainError(f"ppo: steps must be a positive integer, got {self.steps!r}")
+            problems.append(f"samples must be an integer >= 0, got {self.samples!r}")
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):
+            problems.append(f"steps must be a positive integer, got {self.steps!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            problems.append(f"seed must be an integer, got {self.seed!r}")
+        if problems:
+            raise SpantrainError("ppo: " + "; ".join(problems))
 
 
 MAX_POLICY_DEVICES = 1024

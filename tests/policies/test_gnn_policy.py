@@ -516,3 +516,16 @@ def test_ctrl_c_line_starts_below_the_progress_bar(run_cli, tmp_path, monkeypatc
     if phase == "imitation":  # within its first round: the weights are the random ones, no policy to start from
         assert "before it learned anything: nothing to keep; the same command starts again" in lines[-1], err
         assert not (tmp_path / "run" / "interrupted-policy.pt").exists()
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"seed": float("nan")}, "seed"),   # was a RuntimeError from torch.manual_seed
+    ({"seed": "x"}, "seed"),
+    ({"policy": 5}, "policy"),          # was a TypeError from Path()
+    ({"steps": True}, "steps"),
+])
+def test_ppo_planner_options_name_a_bad_one(options, field):
+    from spantrain.errors import SpantrainError
+    from spantrain.policies.registry import get_planner
+    with pytest.raises(SpantrainError, match=f"ppo: {field}"):
+        get_planner("ppo", **options)
