@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -312,7 +313,7 @@ class CostModel:
         lo: list[int] = []
         hi: list[int] = []
         keys = []
-        sched = SCHEDULE_CODES[schedule]
+        sched = _schedule_code(schedule)
         label = self.classes.__getitem__
         for devs, starts, m, M in pipelines:
             dev.extend(devs)
@@ -321,7 +322,7 @@ class CostModel:
             keys.append((sched, m, M, tuple(map(label, devs)), tuple(starts)))
             ptr.append(len(dev))
         ints = plan_ints(ptr, dev, lo, hi, [p[2] for p in pipelines], [p[3] for p in pipelines])
-        return PlanArrays(*plan_views(ints, len(pipelines), len(dev)), sched, SYNC_CODES[sync], period, tuple(keys),
+        return PlanArrays(*plan_views(ints, len(pipelines), len(dev)), sched, _sync_code(sync), period, tuple(keys),
                           ints)
 
     def evaluate(self, arrays: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -484,6 +485,10 @@ class CostModel:
         """Position of a device (id or index) in the cluster."""
         if isinstance(device, str):
             return self.cluster.index(device)
+        # an index past the end was an IndexError deep in numpy, and -1 silently the last device
+        if isinstance(device, bool) or not isinstance(device, numbers.Integral) or not 0 <= device < len(self.cluster):
+            raise SpecError(f"device {device!r} is neither an id nor an index from 0 to {len(self.cluster) - 1} "
+                            f"of cluster {self.cluster.name!r}")
         return int(device)
 
     def compute_time(self, device: int | str, a: int, b: int, m: int) -> tuple[float, float, float]:
@@ -522,6 +527,7 @@ class CostModel:
     def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
         """Micro-batches stage `stage` keeps between F and W: exact for gpipe and 1f1b, the
         bound for zero-bubble schedules (their simulated order may keep fewer)."""
+        _schedule_code(schedule)
         return min(num_micro_batches, memory_bounds(schedule, num_stages)[stage][1])
 
     def stage_memory(self, a: int, b: int, m: int, in_flight: int) -> float:
@@ -572,7 +578,7 @@ class CostModel:
         cbl = vec(latency_backward, cfl)
         ov = np.full(S, self.calib[C_OP]) if op_overhead is None else np.asarray(op_overhead, dtype=np.float64)
         bwf = bv + wv - ov if fused is None else np.asarray(fused, dtype=np.float64)
-        kind, _, start, end, per = best_order(SCHEDULE_CODES[schedule], int(num_micro_batches), fv, bv, wv,
+        kind, _, start, end, per = best_order(_schedule_code(schedule), int(num_micro_batches), fv, bv, wv,
                                               bwf, cfo, cfl, cbo, cbl)
         makespan = float(end[:, -1].max())
         busy = float((end - start).sum())
@@ -593,9 +599,25 @@ class CostModel:
         """Seconds of one data-parallel collective of `nbytes` over `devices` (see
         `spantrain.env.collectives`; local-sgd is a ring, once per period)."""
         nodes = np.array([self.device_index(d) for d in devices], dtype=np.int64)
-        code = SYNC_CODES[mode]
+        code = _sync_code(mode)
         return float(_collective_time(0 if code == 2 else code, nodes, float(nbytes), self.bandwidth, self.latency,
                                       self.calib[1], self.region))
+
+
+def _schedule_code(schedule: str) -> int:
+    """The kernel's code of `schedule`; `PlanError` naming the choices for an unknown one."""
+    code = SCHEDULE_CODES.get(schedule) if isinstance(schedule, str) else None
+    if code is None:
+        raise PlanError(f"schedule {schedule!r} is unknown (choose from {', '.join(SCHEDULE_CODES)})")
+    return code
+
+
+def _sync_code(mode: str) -> int:
+    """The kernel's code of sync `mode`; `PlanError` naming the choices for an unknown one."""
+    code = SYNC_CODES.get(mode) if isinstance(mode, str) else None
+    if code is None:
+        raise PlanError(f"sync mode {mode!r} is unknown (choose from {', '.join(SYNC_CODES)})")
+    return code
 
 
 _MEMO_MAX = 200_000

@@ -348,3 +348,21 @@ def test_table_memory_figures_keep_small_stages_apart_from_zero():
 
     # a 12.4 MB stage read "0.0 / 16" in plan's table
     assert [fmt_gb(x) for x in (0.0124, 0.0, 0.1, 16.6, 0.00049)] == ["0.012", "0.0", "0.1", "16.6", "0.00049"]
+
+
+@pytest.mark.parametrize(("call", "error", "named"), [
+    (lambda m: m.in_flight("nope", 0, 2, 4), PlanError, "schedule 'nope' is unknown"),
+    (lambda m: m.pipeline_time("nope", 4, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]), PlanError, "schedule 'nope'"),
+    (lambda m: m.collective_time([0, 1], 1e6, "nope"), PlanError, "sync mode 'nope' is unknown"),
+    (lambda m: m.arrays([([0], [0], 1, 1)], schedule="nope"), PlanError, "schedule 'nope'"),
+    (lambda m: m.arrays([([0], [0], 1, 1)], sync="nope"), PlanError, "sync mode 'nope'"),
+    (lambda m: m.compute_time(99, 0, 1, 1), SpecError, "device 99"),   # was an IndexError
+    (lambda m: m.compute_time(-1, 0, 1, 1), SpecError, "device -1"),   # was the last device, silently
+    (lambda m: m.transfer_time(0, 0, 1.5, 1), SpecError, "device 1.5"),
+])
+def test_cost_model_building_blocks_name_unknown_schedules_modes_and_devices(call, error, named):
+    # were bare KeyErrors ('nope') and IndexErrors from inside the tables
+    from spantrain.env.costmodel import CostModel
+    model = CostModel(flat_cluster(3), toy_workload())
+    with pytest.raises(error, match=named):
+        call(model)
