@@ -435,7 +435,10 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
 
 
 def fmt_number(x: float) -> float | int:
-    """A float rounded to 9 significant digits (ints stay ints) so files stay readable."""
+    """A float in 9 significant digits when they hold it exactly (ints stay ints), so files stay
+    readable; else the float itself, so a file read back holds the same number (a measured or
+    changed figure lost its last digits in every save, and a saved cluster was not the one in memory)."""
     if float(x).is_integer():
         return int(x)
-    return float(f"{x:.9g}")
+    short = float(f"{x:.9g}")
+    return short if short == x else float(x)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,8 @@ class LayerTimes:
 
     def to_spec(self) -> dict[str, Any]:
         return {"batch": self.batch,
-                "forward_ms": [fmt_number(t * 1e3) for t in self.forward_s],
-                "backward_ms": [fmt_number(t * 1e3) for t in self.backward_s]}
+                "forward_ms": [_in_unit(t, 1e3, _from_ms) for t in self.forward_s],
+                "backward_ms": [_in_unit(t, 1e3, _from_ms) for t in self.backward_s]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,8 +310,8 @@ class Cluster:
     def _overrides(self) -> list[dict[str, Any]]:
         """Device pairs whose arrays differ from the declarative network, as spec entries."""
         base_bw, base_lat = self._network_arrays()
-        differs = ~(np.isclose(self.bandwidth, base_bw, rtol=1e-9)
-                    & np.isclose(self.latency, base_lat, rtol=1e-9, atol=1e-15))
+        # exact: a change within a tolerance was not saved, and the file read back was another cluster
+        differs = (self.bandwidth != base_bw) | (self.latency != base_lat)
         np.fill_diagonal(differs, False)
         out = []
         ii, jj = np.nonzero(differs | differs.T)
@@ -331,11 +332,32 @@ class Cluster:
 
 
 def _close(x: tuple[float, float], y: tuple[float, float]) -> bool:
-    return bool(np.isclose(x[0], y[0], rtol=1e-9) and np.isclose(x[1], y[1], rtol=1e-9, atol=1e-15))
+    return bool(x[0] == y[0] and x[1] == y[1])
 
 
 def _link_spec(bandwidth: float, latency: float) -> dict[str, float]:
-    return NetLink(gbps=bandwidth / GBPS, latency_ms=latency * 1e3).to_spec()
+    return {"gbps": _in_unit(float(bandwidth), 1 / GBPS, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s),
+            "latency_ms": _in_unit(float(latency), 1e3, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s)}
+
+
+def _from_ms(ms: float) -> float:
+    return float(ms) / 1e3  # as `_parse_layer_times` reads them
+
+
+def _in_unit(value: float, scale: float, back: Callable[[float], float]) -> float | int:
+    """`value * scale` as the spec writes it: the figure (9 digits when they do) that reading
+    (`back`) turns into exactly `value` again, so a saved cluster reads back the same arrays."""
+    x = value * scale
+    short = fmt_number(x)
+    if back(short) == value:
+        return short
+    up = down = x
+    for _ in range(8):  # a product or quotient is within a few ulps of the figure that undoes it
+        for candidate in (up, down):
+            if back(candidate) == value:
+                return candidate
+        up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
+    return x
 
 
 def _checked_array(a: np.ndarray, what: str, n: int) -> np.ndarray:
@@ -455,7 +477,7 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
                 problems.append(f"{w}: {key} must be a non-empty list of numbers from 0 to {FIGURE_MAX:g}")
                 lists.append(None)
             else:
-                lists.append(tuple(float(v) / 1e3 for v in vals))
+                lists.append(tuple(_from_ms(v) for v in vals))
         if lists[0] and lists[1] and len(lists[0]) != len(lists[1]):
             problems.append(f"{w}: forward_ms and backward_ms have different lengths")
         elif lists[0] and lists[1] and not any(lists[0] + lists[1]):

@@ -377,3 +377,26 @@ def test_netlink_built_in_code_checks_its_fields(kwargs, field):
     from spantrain.cluster import NetLink
     with pytest.raises(SpecError, match=field):
         NetLink(**({"gbps": 10.0, "latency_ms": 0.1} | kwargs))
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_changed_cluster_saved_reads_back_equal(demo_spec, tmp_path, suffix):
+    # figures were cut to 9 digits and changes under 1e-9 not saved: the file read back was another cluster
+    import dataclasses
+
+    from spantrain.cluster import LayerTimes
+    c = Cluster.from_spec(demo_spec)
+    times = {"m": LayerTimes(batch=2, forward_s=(1 / 3, 0.1), backward_s=(2 / 3, 0.2))}
+    devices = [dataclasses.replace(d, tflops=d.tflops / 3, memory_gb=d.memory_gb / 7, layer_times=times)
+               for d in c.devices]
+    c = Cluster(name=c.name, devices=devices, network=c.network)
+    rng = np.random.default_rng(0)
+    changed = c.with_arrays(bandwidth=c.bandwidth * rng.uniform(0.5, 2, c.bandwidth.shape),
+                            latency=c.latency * (1 + 1e-12))
+    changed.save(tmp_path / f"c{suffix}")
+    again = Cluster.from_file(tmp_path / f"c{suffix}")
+    assert again.devices == changed.devices
+    # exact where a figure in Gbit/s (ms) reads back as these bytes/s (s); else the nearest float to it
+    for a, b in ((again.bandwidth, changed.bandwidth), (again.latency, changed.latency)):
+        off = ~np.eye(len(c), dtype=bool)
+        assert np.all(np.abs(a[off] - b[off]) <= np.spacing(b[off])), np.max(np.abs(a[off] / b[off] - 1))
