@@ -65,6 +65,22 @@ class LayerTimes:
     backward_s: tuple[float, ...]
     """Backward seconds (input plus weight gradient) per layer for the same micro-batch."""
 
+    def __post_init__(self) -> None:
+        # built in code, unequal lengths were taken and saved to a spec that could not be read back
+        problems: list[str] = []
+        positive_int({"batch": self.batch}, "batch", "layer_times", problems)
+        for key in ("forward_s", "backward_s"):
+            vals = getattr(self, key)
+            if isinstance(vals, str) or not isinstance(vals, tuple | list) or not vals \
+                    or not all(is_figure(v) for v in vals):
+                problems.append(f"layer_times: {key} must be a non-empty tuple of numbers from 0 to {FIGURE_MAX:g}, "
+                                f"got {shown(vals)}")
+        if not problems and len(self.forward_s) != len(self.backward_s):
+            problems.append(f"layer_times: forward_s and backward_s have different lengths "
+                            f"({len(self.forward_s)} and {len(self.backward_s)})")
+        if problems:
+            raise SpecError(join_problems(problems))
+
     def to_spec(self) -> dict[str, Any]:
         return {"batch": self.batch,
                 "forward_ms": [_in_unit(t, 1e3, _from_ms) for t in self.forward_s],

@@ -400,3 +400,15 @@ def test_a_changed_cluster_saved_reads_back_equal(demo_spec, tmp_path, suffix):
     for a, b in ((again.bandwidth, changed.bandwidth), (again.latency, changed.latency)):
         off = ~np.eye(len(c), dtype=bool)
         assert np.all(np.abs(a[off] - b[off]) <= np.spacing(b[off])), np.max(np.abs(a[off] / b[off] - 1))
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"backward_s": (1.0,)}, "different lengths"),   # was saved to a spec that could not be read back
+    ({"forward_s": (float("nan"), 1.0)}, "forward_s"),
+    ({"backward_s": ()}, "backward_s"),
+    ({"batch": 0}, "batch"),
+])
+def test_layer_times_built_in_code_check_their_fields(kwargs, named):
+    from spantrain.cluster import LayerTimes
+    with pytest.raises(SpecError, match=named):
+        LayerTimes(**({"batch": 2, "forward_s": (0.1, 0.2), "backward_s": (0.2, 0.4)} | kwargs))
