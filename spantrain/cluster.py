@@ -184,9 +184,20 @@ class Cluster:
 
     def __init__(self, *, name: str, devices: Iterable[Device], network: Network,
                  bandwidth: np.ndarray | None = None, latency: np.ndarray | None = None):
+        # a name of 5 was saved to a spec that could not be read back; None as devices or network was a TypeError
+        wrong = [f"{what} must be {kind}, got {shown(value)}" for what, value, ok, kind in (
+            ("name", name, isinstance(name, str), "a string"),
+            ("devices", devices, isinstance(devices, Iterable) and not isinstance(devices, str | Mapping),
+             "a sequence of Device"),
+            ("network", network, isinstance(network, Network), "a Network")) if not ok]
+        if wrong:
+            raise SpecError("cluster: " + "; ".join(wrong))
         self.name = name
         self.devices: tuple[Device, ...] = tuple(devices)
         self.network = network
+        if not all(isinstance(d, Device) for d in self.devices):
+            raise SpecError(f"cluster {shown(name)}: devices must be Device objects, got "
+                            f"{shown(next(d for d in self.devices if not isinstance(d, Device)))}")
         problems = _check_devices(self.devices, network)
         if problems:
             raise SpecError(f"cluster {shown(name)}: " + join_problems(problems))

@@ -412,3 +412,17 @@ def test_layer_times_built_in_code_check_their_fields(kwargs, named):
     from spantrain.cluster import LayerTimes
     with pytest.raises(SpecError, match=named):
         LayerTimes(**({"batch": 2, "forward_s": (0.1, 0.2), "backward_s": (0.2, 0.4)} | kwargs))
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"name": 5}, "name must be a string"),      # was saved to a spec that could not be read back
+    ({"devices": None}, "devices must be"),       # was a TypeError
+    ({"network": None}, "network must be"),       # was an AttributeError
+    ({"devices": [{"id": "a"}]}, "devices must be Device"),
+])
+def test_cluster_built_in_code_names_a_wrong_argument(kwargs, named):
+    from spantrain.cluster import Device, NetLink, Network
+    args = {"name": "x", "devices": [Device(id="a", region="r", tflops=1.0, memory_gb=1.0)],
+            "network": Network(regions={"r": NetLink(gbps=1.0, latency_ms=0.1)})} | kwargs
+    with pytest.raises(SpecError, match=named):
+        Cluster(**args)
