@@ -49,13 +49,13 @@ from spantrain.env.kernel import SCREEN_FROM, out_size, pack_tables, plan_ints, 
 from spantrain.env.kernel import evaluate as _evaluate
 from spantrain.env.schedules import SCHEDULE_CODES, best_order, memory_bounds, stage_orders
 from spantrain.env.symmetry import device_classes
-from spantrain.errors import PlanError, SpecError
+from spantrain.errors import PlanError, SpecError, WorkloadError
 from spantrain.estimate import Estimate, memory_reason
 from spantrain.plan import Plan
 from spantrain.planner import screening
 from spantrain.workload import MAX_GLOBAL_BATCH, Workload
 
-__all__ = ["CostModel", "PipelineTiming", "PlanArrays", "estimate", "layer_time_table"]
+__all__ = ["CostModel", "PipelineTiming", "PlanArrays", "estimate", "layer_time_table", "check_inputs"]
 
 
 def layer_time_table(cluster: Cluster, workload: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,6 +172,7 @@ class CostModel:
         their interchangeable-device class (`classes`): a pipeline over other devices of
         the same classes, stage by stage, has the same simulation (equal compute, memory
         and links), and the many pipelines of a plan on a uniform fabric are simulated once."""
+        check_inputs(cluster, workload, calibration)
         self.cluster = cluster
         self.workload = workload
         self.calibration = calibration or Calibration()
@@ -602,6 +603,20 @@ class CostModel:
         code = _sync_code(mode)
         return float(_collective_time(0 if code == 2 else code, nodes, float(nbytes), self.bandwidth, self.latency,
                                       self.calib[1], self.region))
+
+
+def check_inputs(cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> None:
+    """A `SpantrainError` naming the argument when a planner or the cost model is given something
+    else than a Cluster, a Workload and a Calibration or None (a path or a model name was an
+    AttributeError from deep inside)."""
+    if not isinstance(cluster, Cluster):
+        raise SpecError(f"cluster must be a Cluster (Cluster.from_file(path) reads a spec), got {cluster!r:.80}")
+    if not isinstance(workload, Workload):
+        raise WorkloadError(f"workload must be a Workload (load_workload(name or path) gives one), "
+                            f"got {workload!r:.80}")
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise SpecError(f"calibration must be a Calibration or None (Calibration.from_file(path) reads one), "
+                        f"got {calibration!r:.80}")
 
 
 def _schedule_code(schedule: str) -> int:

@@ -59,6 +59,7 @@ import numpy as np
 
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
+from spantrain.env.costmodel import check_inputs
 from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Knobs, sync_choices
 from spantrain.env.jit import cached_njit
 from spantrain.errors import PlannerError
@@ -183,6 +184,7 @@ class ExhaustivePlanner:
 
     def plan(self, cluster: Cluster, workload: Workload, calibration: Calibration | None = None) -> Plan:
         cfg = self.config
+        check_inputs(cluster, workload, calibration)
         n = len(cluster)
         if n > cfg.max_devices:
             raise PlannerError(f"exhaustive: cluster {cluster.name!r} has {n} devices; exhaustive search covers at "

@@ -3,6 +3,8 @@ optimum of exhaustive search, and bad input."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import region_cluster
 
@@ -267,3 +269,20 @@ def test_heuristic_search_runs_without_garbage_collections(monkeypatch):
         gc.callbacks.remove(count)
     _check_plan(cluster, workload, ev.to_plan(best))
     assert events.index("search done") == 0 and len(events) >= 2 and gc.isenabled()
+
+
+@pytest.mark.parametrize("name", ["heuristic", "ddp", "gpipe", "megatron", "ga", "exhaustive", "ppo", "auto"])
+def test_a_planner_given_a_path_or_a_name_says_what_it_needs(name):
+    # a spec path for the cluster or a preset name for the workload was an AttributeError from inside
+    from spantrain.cluster import Cluster
+    from spantrain.errors import SpecError, WorkloadError
+    from spantrain.policies.registry import get_planner
+    from spantrain.workload import Workload
+    root = Path(__file__).parents[2]
+    cluster, workload = Cluster.from_file(root / "examples/cee-demo.yaml"), Workload.from_preset("tiny-gpt")
+    with pytest.raises(SpecError, match="cluster must be a Cluster"):
+        get_planner(name).plan(str(root / "examples/cee-demo.yaml"), workload)
+    with pytest.raises(WorkloadError, match="workload must be a Workload"):
+        get_planner(name).plan(cluster, "tiny-gpt")
+    with pytest.raises(SpecError, match="calibration must be"):
+        get_planner(name).plan(cluster, workload, "calibration.yaml")
