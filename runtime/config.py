@@ -47,12 +47,17 @@ class OptimConfig:
     """Added to the second moment's square root (> 0)."""
 
     def __post_init__(self) -> None:
-        checks = {"lr": self.lr > 0, "weight_decay": self.weight_decay >= 0, "beta1": 0 <= self.beta1 < 1,
-                  "beta2": 0 <= self.beta2 < 1, "eps": self.eps > 0}
+        # checked once each is a number (lr="0.1" was a TypeError), and every one at once
+        checks = {"lr": lambda x: x > 0, "weight_decay": lambda x: x >= 0, "beta1": lambda x: 0 <= x < 1,
+                  "beta2": lambda x: 0 <= x < 1, "eps": lambda x: x > 0}
+        wrong = []
         for name, ok in checks.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok:
-                raise ExecutionError(f"optim.{name} is out of range: {value!r} (see OptimConfig.{name})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not ok(value):
+                wrong.append(f"optim.{name} is out of range: {value!r} (see OptimConfig.{name})")
+        if wrong:
+            raise ExecutionError("; ".join(wrong))
         if self.lr * self.weight_decay >= 1:
             raise ExecutionError(f"optim.weight_decay times optim.lr must be below 1, got {self.weight_decay:g} x "
                                  f"{self.lr:g}: AdamW would flip the weights' sign")

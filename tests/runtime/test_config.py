@@ -24,3 +24,15 @@ def test_a_decay_that_would_flip_the_weights_is_refused():
 def test_settings_are_keyword_only():
     with pytest.raises(TypeError):
         OptimConfig(1e-3)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("field, value", [("lr", "0.1"), ("beta1", None), ("eps", [1e-8])])
+def test_optimizer_settings_of_the_wrong_type_name_their_field(field, value):
+    # compared before their type was checked: a TypeError
+    with pytest.raises(ExecutionError, match=rf"^optim\.{field} is out of range"):
+        OptimConfig(**{field: value})
+
+
+def test_optimizer_settings_name_every_bad_field_at_once():
+    with pytest.raises(ExecutionError, match=r"optim\.lr .*; optim\.beta2 "):
+        OptimConfig(lr=-1.0, beta2=2.0)
