@@ -99,6 +99,23 @@ class Layer:
     activation_bytes: float
     """Bytes of activations kept for backward per sample (in flight per micro-batch)."""
 
+    def __post_init__(self) -> None:
+        # as a workload file's layers are checked: built in code, nan FLOPs or -5 params were planned
+        fields = dataclasses.asdict(self)
+        where = f"layer {shown(self.name)}"
+        problems: list[str] = []
+        if not isinstance(self.name, str) or not self.name.strip():
+            problems.append(f"layer name must be a non-empty string, {got(self.name)}")
+        if not isinstance(self.kind, str) or not self.kind.strip():
+            problems.append(f"{where}: kind must be a non-empty string, {got(self.kind)}")
+        for key in ("forward_flops", "input_grad_flops", "weight_grad_flops", "params", "boundary_bytes",
+                    "activation_bytes"):
+            value = nonneg_number(fields, key, where, problems)
+            if key == "params" and value is not None and not value.is_integer():
+                problems.append(f"{where}: params must be a whole number of parameters, {got(self.params)}")
+        if problems:
+            raise WorkloadError(join_problems(problems))
+
 
 @dataclass(frozen=True, kw_only=True)
 class Architecture:
@@ -148,6 +165,10 @@ class Workload:
     """Whether the published model ties the head to the embedding (counted once in `unique_params`)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():  # name=5 was taken, and planned as a model
+            raise WorkloadError(f"workload name must be a non-empty string, {got(self.name)}")
+        if not isinstance(self.layers, tuple | list) or not all(isinstance(x, Layer) for x in self.layers):
+            raise WorkloadError(f"workload {shown(self.name)}: layers must be a tuple of Layer, {got(self.layers)}")
         if not self.layers:
             raise WorkloadError(f"workload {shown(self.name)}: needs at least one layer")
         if self.train_flops < 1.0:  # every plan would take (about) 0 s: planners divide by a stage's time
@@ -167,7 +188,7 @@ class Workload:
         if self.seq_len > MAX_SIZE:
             raise WorkloadError(f"workload {shown(self.name)}: seq_len must be at most {MAX_SIZE} tokens, "
                                 f"got {shown(self.seq_len)}")
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             raise WorkloadError(f"workload {shown(self.name)}: precision must be one of "
                                 f"{', '.join(PRECISIONS)}, got {shown(self.precision)}")
 

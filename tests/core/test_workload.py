@@ -233,3 +233,23 @@ def test_load_workload_refuses_global_batch_0():
         with pytest.raises(WorkloadError, match="global_batch"):
             load_workload(str(Path(__file__).parents[2] / model) if model.endswith("yaml") else model,
                           global_batch=0)
+
+
+@pytest.mark.parametrize(("field", "value"), [("forward_flops", float("nan")), ("params", -5), ("params", 1.5),
+                                              ("boundary_bytes", float("nan")), ("activation_bytes", -1.0),
+                                              ("weight_grad_flops", float("inf")), ("name", 5)])
+def test_a_layer_built_in_code_checks_its_fields(field, value):
+    # a workload of such layers was taken and planned (nan FLOPs passed the "under one FLOP" check)
+    import dataclasses
+    layer = Workload.from_preset("tiny-gpt").layers[1]
+    with pytest.raises(WorkloadError, match=field if field != "name" else "layer name"):
+        dataclasses.replace(layer, **{field: value})
+
+
+@pytest.mark.parametrize(("changes", "named"), [({"name": 5}, "workload name"),
+                                                ({"layers": ({"a": 1},)}, "layers must be"),
+                                                ({"precision": ["bf16"]}, "precision must be")])
+def test_a_workload_built_in_code_names_a_wrong_argument(changes, named):
+    layers = Workload.from_preset("tiny-gpt").layers
+    with pytest.raises(WorkloadError, match=named):
+        Workload(**({"name": "x", "layers": layers, "global_batch": 8, "seq_len": 64} | changes))
