@@ -162,26 +162,17 @@ class Calibration:
         if unknown:  # listed once: a cluster or suite file given here has a dozen keys
             problems.append(f"unknown constant{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                             f"(known: {', '.join(fields)})")
-        for key, value in raw.items():
-            if key not in fields:
-                continue
-            elif value is None and key in ("grad_bytes_per_param", "local_sgd_bytes_per_param"):
-                values[key] = None
-            elif isinstance(fields[key].default, bool):
-                if not isinstance(value, bool):
-                    problems.append(f"{key} must be true or false, got {shown(value)}")
-                values[key] = value
-            elif not is_figure(value):
-                # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks
-                problems.append(f"{key} must be a number from 0 to {FIGURE_MAX:g}, {got(value)}")
-            elif key in _DIVISORS and value < FIGURE_MIN:  # the optimizer's time divides by it: 5e-324 overflows
-                problems.append(f"{key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g} (a rate the model divides "
-                                f"by), {got(value)}")
-            else:
-                values[key] = float(value)
+        _check_constants({key: value for key, value in raw.items() if key in fields}, problems, values)
         if problems:
             raise SpecError(f"{source}: " + join_problems(problems))
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # built in code, Calibration(op_overhead_s=nan) or ="1" was taken (and failed, or predicted nan, inside)
+        problems: list[str] = []
+        _check_constants(dataclasses.asdict(self), problems, {})
+        if problems:
+            raise SpecError("Calibration: " + join_problems(problems))
 
     @classmethod
     def from_file(cls, path: str | Path) -> Calibration:
@@ -204,6 +195,27 @@ class Calibration:
                          self.optimizer_bytes_per_param, self.memory_bytes_per_flop, self.reserved_bytes,
                          self.op_overhead_flops, self.iteration_overhead_flops, float(self.sync_overlap), lsgd,
                          self.split_input_grad_factor, self.split_weight_grad_factor], dtype=np.float64)
+
+
+def _check_constants(raw: dict[str, Any], problems: list[str], values: dict[str, Any]) -> None:
+    """Record each of `raw`'s constants (all known fields) in `values` as the model takes it, or
+    its problem in `problems`."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Calibration)}
+    for key, value in raw.items():
+        if value is None and key in ("grad_bytes_per_param", "local_sgd_bytes_per_param"):
+            values[key] = None
+        elif isinstance(defaults[key], bool):
+            if not isinstance(value, bool):
+                problems.append(f"{key} must be true or false, got {shown(value)}")
+            values[key] = value
+        elif not is_figure(value):
+            # past FIGURE_MAX the kernels' sums overflow to inf and their schedule simulation deadlocks
+            problems.append(f"{key} must be a number from 0 to {FIGURE_MAX:g}, {got(value)}")
+        elif key in _DIVISORS and value < FIGURE_MIN:  # the optimizer's time divides by it: 5e-324 overflows
+            problems.append(f"{key} must be from {FIGURE_MIN:g} to {FIGURE_MAX:g} (a rate the model divides "
+                            f"by), {got(value)}")
+        else:
+            values[key] = float(value)
 
 
 # Positions in `Calibration.vector` (the kernels index it by these).

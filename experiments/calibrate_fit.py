@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from spantrain.errors import SpecError
+
 __all__ = ["fit", "cross_validate"]
 
 _LADDERS = ((4.0, 2.0, 1.4, 1.15), (1.07, 1.03), (1.01,))
@@ -39,7 +41,10 @@ def fit(measured: dict[str, Any], base, names: Sequence[str], evaluate: Callable
             else:
                 candidates = [1e-3 if name.endswith("_s") else 1e6]
             for value in candidates:
-                trial = dataclasses.replace(cal, **{name: value})
+                try:
+                    trial = dataclasses.replace(cal, **{name: value})
+                except SpecError:  # a value the constant may not take (0 for a rate the model divides by)
+                    continue
                 err = _mape(measured, trial, evaluate)
                 if err < best - 1e-7:
                     cal, best, improved = trial, err, True

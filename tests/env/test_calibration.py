@@ -140,3 +140,14 @@ def test_a_constant_beside_the_calibration_section_is_refused(tmp_path):
         Calibration.from_file(path)
     path.write_text("calibration:\n  sync_overlap: false\n  op_overhead_s: 0.001\nnote: anything\n")
     assert Calibration.from_file(path) == Calibration(sync_overlap=False, op_overhead_s=0.001)
+
+
+@pytest.mark.parametrize(("field", "value"), [("op_overhead_s", float("nan")), ("op_overhead_s", "1"),
+                                              ("reserved_bytes", -1.0), ("memory_bytes_per_flop", 0.0),
+                                              ("sync_overlap", 1)])
+def test_a_calibration_built_in_code_checks_its_constants(field, value):
+    # taken as given, where a calibration file's are checked: nan or "1" failed or predicted nan inside
+    from spantrain.env.calibration import Calibration
+    from spantrain.errors import SpecError
+    with pytest.raises(SpecError, match=rf"^Calibration: {field} must be"):
+        Calibration(**{field: value})
