@@ -38,6 +38,7 @@ FLOPs each forward, twice that in B, nothing in W.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,8 +268,12 @@ class Workload:
         return _parse_workload(spec, source)
 
 
-def load_workload(model: str, *, global_batch: int | None = None) -> Workload:
+def load_workload(model: str | os.PathLike, *, global_batch: int | None = None) -> Workload:
     """A preset by name, or a workload YAML/JSON file by path (what ``--model`` accepts)."""
+    if isinstance(model, os.PathLike):  # a Path was an AttributeError (no .strip)
+        model = os.fspath(model)
+    if not isinstance(model, str):
+        raise WorkloadError(f"model must be a preset name or a workload file's path, {got(model)}")
     if model in PRESETS:
         return Workload.from_preset(model, global_batch=global_batch)
     if not model.strip():  # Path("") is the current directory: "is a directory" named nothing the user gave

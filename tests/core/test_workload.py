@@ -253,3 +253,11 @@ def test_a_workload_built_in_code_names_a_wrong_argument(changes, named):
     layers = Workload.from_preset("tiny-gpt").layers
     with pytest.raises(WorkloadError, match=named):
         Workload(**({"name": "x", "layers": layers, "global_batch": 8, "seq_len": 64} | changes))
+
+
+def test_load_workload_takes_a_path_and_names_a_wrong_type():
+    # a pathlib.Path was an AttributeError ('PosixPath' object has no attribute 'strip'), 5 as well
+    path = Path(__file__).parents[2] / "examples/tiny-custom.yaml"
+    assert load_workload(path) == load_workload(str(path))
+    with pytest.raises(WorkloadError, match="model must be a preset name or a workload file's path"):
+        load_workload(5)
