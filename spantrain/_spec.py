@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "write_text_atomic", "replace_file", "cannot_write_in", "require_writable_dir",
-           "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int", "nonempty_str", "fmt_number",
+__all__ = ["read_structured", "parse_json", "write_text_atomic", "replace_file", "cannot_write_in",
+           "require_writable_dir", "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int",
+           "nonempty_str", "fmt_number",
            "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES",
            "DISK_FULL", "free_if_full"]
 
@@ -136,6 +137,33 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: the base class names that
                 continue
         return super().construct_mapping(node, deep)
+
+
+def parse_json(text: Any, source: str, error: type[Exception]) -> Any:
+    """JSON text (str or UTF-8 bytes) parsed as `read_structured` parses a JSON file: a syntax error,
+    a key given twice, an integer past any float or brackets nested too deep are `error` in one line."""
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = bytes(text).decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise error(f"{source}: not UTF-8 text") from None
+    if not isinstance(text, str):
+        raise error(f"{source}: expected JSON text, got {type(text).__name__}")
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_object)
+    except json.JSONDecodeError as e:
+        raise error(f"{source}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except _DuplicateKey as e:
+        raise error(f"{source}: duplicate key {shown(e.args[0])} in one object: give each key once") from None
+    except ValueError as e:  # Python converts at most 4,300 digits to an int, by default
+        if "integer string conversion" not in str(e):
+            raise
+        raise error(f"{source}: {_HUGE_INT}") from None
+    except RecursionError:
+        raise error(f"{source}: nested too deeply to read (check the brackets)") from None
+    if _has_huge_int(data):
+        raise error(f"{source}: {_HUGE_INT}")
+    return data
 
 
 def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:

@@ -31,6 +31,7 @@ from spantrain._spec import (
     check_keys,
     got,
     other_kind,
+    parse_json,
     read_structured,
     shown,
     write_text_atomic,
@@ -373,11 +374,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{source}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
-        return cls.from_dict(obj, source)
+        # as a plan file is read: 5,000 digits were a ValueError, a key given twice silently the last one
+        return cls.from_dict(parse_json(text, source, PlanError), source)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Plan:

@@ -285,3 +285,19 @@ def test_plan_built_in_code_with_wrong_types_names_them(changes, named):
     kwargs = {"sync": changes["sync"]} if "sync" in changes else {}
     with pytest.raises(PlanError, match=named):
         Plan(pipelines=pipelines, **kwargs).validate()
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ('{"pipelines": ' + "9" * 5000 + "}", "integer beyond the largest float"),  # was a ValueError
+    ('{"schedule": "gpipe", "schedule": "zb-h1", "pipelines": []}', "duplicate key 'schedule'"),  # last one won
+    (None, "expected JSON text"),                                               # was a TypeError
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_plan_from_json_reads_text_as_a_plan_file_is_read(text, named):
+    with pytest.raises(PlanError, match=named):
+        Plan.from_json(text)
+
+
+def test_plan_from_json_takes_bytes():
+    plan = Plan.from_file(Path(__file__).parents[2] / "examples/plan-cee-demo.json")
+    assert Plan.from_json(plan.to_json().encode()) == plan
