@@ -43,6 +43,8 @@ _EXP_NUMBER = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?[eE]([+-]?)(\d+)")
 
 def read_structured(path: str | Path, error: type[Exception]) -> Any:
     """Parse a YAML or JSON file (by suffix; YAML otherwise) or raise `error` in one line."""
+    if not isinstance(path, str | os.PathLike):  # Cluster.from_file(None) was a TypeError from Path()
+        raise error(f"expected the path of a file, got {shown(path)}")
     p = Path(path)
     if not p.exists():
         if p.is_symlink():  # exists() follows it: a loop, or a link whose target is missing, said as such

@@ -32,3 +32,16 @@ def test_a_full_disk_is_said_as_such_and_the_old_file_kept(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="unexpected pos"):
         replace_file(path, _cut_short)
     assert sorted(tmp_path.iterdir()) == [path]
+
+
+def test_from_file_given_no_path_says_so():
+    # Cluster / Workload / Plan / Calibration.from_file(None) were TypeErrors from Path()
+    from spantrain.cluster import Cluster
+    from spantrain.env.calibration import Calibration
+    from spantrain.errors import PlanError, SpecError, WorkloadError
+    from spantrain.plan import Plan
+    from spantrain.workload import Workload
+    for read, error in ((Cluster.from_file, SpecError), (Workload.from_file, WorkloadError),
+                        (Plan.from_file, PlanError), (Calibration.from_file, SpecError)):
+        with pytest.raises(error, match="expected the path of a file, got None"):
+            read(None)
