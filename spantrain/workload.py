@@ -237,13 +237,16 @@ class Workload:
     @classmethod
     def from_arch(cls, arch: Architecture, *, name: str, global_batch: int, seq_len: int,
                   precision: str = "bf16", tied_embeddings: bool = False) -> Workload:
+        if not isinstance(arch, Architecture):  # a dict was an AttributeError
+            raise WorkloadError(f"workload {shown(name)}: arch must be an Architecture, {got(arch)}")
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
             raise WorkloadError(f"workload {shown(name)}: seq_len must be a positive integer, got {shown(seq_len)}")
         if seq_len > arch.max_seq_len:
             raise WorkloadError(f"workload {shown(name)}: seq_len {seq_len} exceeds the architecture's "
                                 f"max_seq_len {arch.max_seq_len}")
-        if precision not in PRECISIONS:
-            raise WorkloadError(f"workload {shown(name)}: precision must be one of {', '.join(PRECISIONS)}")
+        if not isinstance(precision, str) or precision not in PRECISIONS:  # a list was a TypeError (unhashable)
+            raise WorkloadError(f"workload {shown(name)}: precision must be one of {', '.join(PRECISIONS)}, "
+                                f"{got(precision)}")
         layers = _transformer_layers(arch, seq_len, PRECISIONS[precision])
         return cls(name=name, layers=tuple(layers), global_batch=global_batch, seq_len=seq_len,
                    precision=precision, arch=arch, tied_embeddings=tied_embeddings)

@@ -261,3 +261,13 @@ def test_load_workload_takes_a_path_and_names_a_wrong_type():
     assert load_workload(path) == load_workload(str(path))
     with pytest.raises(WorkloadError, match="model must be a preset name or a workload file's path"):
         load_workload(5)
+
+
+@pytest.mark.parametrize(("changes", "named"), [({"precision": ["bf16"]}, "precision must be one of"),
+                                                ({"arch": {"family": "gpt2"}}, "arch must be an Architecture")])
+def test_from_arch_names_a_wrong_argument(changes, named):
+    # a list as precision was a TypeError (unhashable), a dict as arch an AttributeError
+    arch = PRESETS["tiny-gpt"]["arch"]
+    args = {"arch": arch, "name": "x", "global_batch": 8, "seq_len": 32} | changes
+    with pytest.raises(WorkloadError, match=named):
+        Workload.from_arch(args.pop("arch"), **args)
