@@ -33,7 +33,7 @@ def available_planners() -> list[str]:
 
 def get_planner(name: str, **options: Any) -> Planner:
     """The planner called `name`, built with `options` (unknown options are an error)."""
-    if name not in PLANNERS:
+    if not isinstance(name, str) or name not in PLANNERS:  # a list was a TypeError (unhashable)
         known = ", ".join(PLANNERS) or "none yet"
         raise PlannerError(f"unknown planner {name!r} (available: {known})")
     module, _, attr = PLANNERS[name].partition(":")

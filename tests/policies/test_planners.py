@@ -286,3 +286,9 @@ def test_a_planner_given_a_path_or_a_name_says_what_it_needs(name):
         get_planner(name).plan(cluster, "tiny-gpt")
     with pytest.raises(SpecError, match="calibration must be"):
         get_planner(name).plan(cluster, workload, "calibration.yaml")
+
+
+def test_get_planner_names_a_name_that_is_no_string():
+    # get_planner(["heuristic"]) was a TypeError (unhashable list)
+    with pytest.raises(PlannerError, match="unknown planner"):
+        get_planner(["heuristic"])
