@@ -237,11 +237,11 @@ class Cluster:
     def index(self, device_id: str) -> int:
         try:
             return self._index[device_id]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable id (a list) is no device either
             raise SpecError(f"cluster {shown(self.name)} has no device {shown(device_id)}") from None
 
     def __contains__(self, device_id: object) -> bool:
-        return device_id in self._index
+        return isinstance(device_id, str) and device_id in self._index
 
     def device(self, device_id: str) -> Device:
         return self.devices[self.index(device_id)]

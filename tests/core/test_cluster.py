@@ -426,3 +426,11 @@ def test_cluster_built_in_code_names_a_wrong_argument(kwargs, named):
             "network": Network(regions={"r": NetLink(gbps=1.0, latency_ms=0.1)})} | kwargs
     with pytest.raises(SpecError, match=named):
         Cluster(**args)
+
+
+def test_an_unhashable_device_id_is_no_device(demo_spec):
+    # Cluster.index(["a"]) and ["a"] in cluster were TypeErrors (unhashable list)
+    c = Cluster.from_spec(demo_spec)
+    assert ["cloud-0"] not in c
+    with pytest.raises(SpecError, match="has no device"):
+        c.index(["cloud-0"])
