@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spantrain._spec import (
     check_keys,
@@ -36,13 +36,9 @@ from spantrain._spec import (
     shown,
     write_text_atomic,
 )
-from spantrain.cluster import MAX_DEVICES
+from spantrain.cluster import MAX_DEVICES, Cluster
 from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError
-from spantrain.workload import MAX_GLOBAL_BATCH
-
-if TYPE_CHECKING:
-    from spantrain.cluster import Cluster
-    from spantrain.workload import Workload
+from spantrain.workload import MAX_GLOBAL_BATCH, Workload
 
 __all__ = ["SCHEDULES", "SYNC_MODES", "MAX_SYNC_PERIOD", "Stage", "Pipeline", "Sync", "Plan"]
 
@@ -178,6 +174,12 @@ class Plan:
 
     def problems(self, cluster: Cluster | None = None, workload: Workload | None = None) -> list[str]:
         """Every problem with the plan (empty when valid); cluster/workload checks are optional."""
+        # a spec path or a model name here was an AttributeError (or, as cluster, a substring test)
+        if cluster is not None and not isinstance(cluster, Cluster):
+            raise PlanError(f"cluster must be a Cluster or None (Cluster.from_file(path) reads a spec), {got(cluster)}")
+        if workload is not None and not isinstance(workload, Workload):
+            raise PlanError(f"workload must be a Workload or None (load_workload(name or path) gives one), "
+                            f"{got(workload)}")
         out = self._setting_problems()
         if shape := _shape_problems(self.pipelines):  # built in code with wrong types: nothing else to check
             return out + shape

@@ -301,3 +301,13 @@ def test_plan_from_json_reads_text_as_a_plan_file_is_read(text, named):
 def test_plan_from_json_takes_bytes():
     plan = Plan.from_file(Path(__file__).parents[2] / "examples/plan-cee-demo.json")
     assert Plan.from_json(plan.to_json().encode()) == plan
+
+
+def test_validate_given_a_path_or_a_name_says_what_it_needs():
+    # a spec path as cluster was tested as a string ("unknown device" for each one), a model name an AttributeError
+    root = Path(__file__).parents[2]
+    plan = Plan.from_file(root / "examples/plan-cee-demo.json")
+    with pytest.raises(PlanError, match="cluster must be a Cluster"):
+        plan.validate(str(root / "examples/cee-demo.yaml"))
+    with pytest.raises(PlanError, match="workload must be a Workload"):
+        plan.validate(None, "gpt2-small")
