@@ -28,6 +28,7 @@ import yaml
 
 from spantrain._spec import (
     FIGURE_MAX,
+    FIGURE_MIN,
     check_keys,
     fmt_number,
     is_figure,
@@ -388,14 +389,20 @@ def _in_unit(value: float, scale: float, back: Callable[[float], float]) -> floa
 
 
 def _checked_array(a: np.ndarray, what: str, n: int) -> np.ndarray:
-    arr = np.array(a, dtype=np.float64)
+    try:
+        arr = np.array(a, dtype=np.float64)
+    except (TypeError, ValueError):  # a string or ragged lists: a bare ValueError
+        raise SpecError(f"{what} must be an array of numbers, got {shown(a)}") from None
     if arr.shape != (n, n):
         raise SpecError(f"{what} array has shape {arr.shape}, expected ({n}, {n})")
     off = ~np.eye(n, dtype=bool)
-    if what == "bandwidth" and not np.all(arr[off] > 0):
-        raise SpecError("bandwidth must be positive between every pair of devices")
-    if what == "latency" and not np.all(arr[off] >= 0):
-        raise SpecError("latency must be >= 0 between every pair of devices")
+    # within the spec's figures (inf or 1e300 were taken, and to_spec then wrote a file no one could read back)
+    if what == "bandwidth" and not np.all((arr[off] >= FIGURE_MIN * GBPS) & (arr[off] <= FIGURE_MAX * GBPS)):
+        raise SpecError(f"bandwidth must be positive and finite between every pair of devices (a spec's gbps: "
+                        f"{FIGURE_MIN:g} to {FIGURE_MAX:g})")
+    if what == "latency" and not np.all((arr[off] >= 0) & (arr[off] <= FIGURE_MAX / 1e3)):
+        raise SpecError(f"latency must be >= 0 and finite between every pair of devices (a spec's latency_ms: "
+                        f"0 to {FIGURE_MAX:g})")
     return arr
 
 

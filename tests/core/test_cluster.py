@@ -434,3 +434,19 @@ def test_an_unhashable_device_id_is_no_device(demo_spec):
     assert ["cloud-0"] not in c
     with pytest.raises(SpecError, match="has no device"):
         c.index(["cloud-0"])
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"latency": np.inf}, "latency must be >= 0 and finite"),
+    ({"bandwidth": np.inf}, "bandwidth must be positive and finite"),
+    ({"latency": 1e300}, "latency must be"),
+    ({"bandwidth": 1e-300}, "bandwidth must be"),
+    ({"bandwidth": "abc"}, "bandwidth must be an array of numbers"),   # was a bare ValueError
+])
+def test_with_arrays_refuses_what_no_spec_can_hold(demo_spec, kwargs, named):
+    # inf and 1e300 were taken, and to_spec then wrote a file that could not be read back
+    c = Cluster.from_spec(demo_spec)
+    (key, value), = kwargs.items()
+    arr = value if isinstance(value, str) else np.full((len(c), len(c)), value)
+    with pytest.raises(SpecError, match=named):
+        c.with_arrays(**{key: arr})
