@@ -25,10 +25,11 @@ generator given a drawn seed. Registered as ``spantrain/PlanImprove-v0``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +245,14 @@ class PlanEnv(gym.Env):
 
     def __init__(self, config: EnvConfig | None = None, start: StartProvider | None = None,
                  scenario_fn: Callable[[np.random.Generator], tuple] | None = None, render_mode: str | None = None):
+        if isinstance(config, Mapping):  # gym.make(ENV_ID, config={"max_devices": 8}) was an AttributeError
+            unknown = sorted(set(config) - {f.name for f in dataclasses.fields(EnvConfig)})
+            if unknown:
+                raise SpantrainError(f"config: unknown EnvConfig field{'s' if len(unknown) > 1 else ''} "
+                                     f"{', '.join(map(repr, unknown))}")
+            config = EnvConfig(**config)
+        elif config is not None and not isinstance(config, EnvConfig):
+            raise SpantrainError(f"config must be an EnvConfig (or a dict of its fields), got {config!r:.80}")
         self.config = config or EnvConfig()
         self.start_provider = start or simple_start
         self.scenario_fn = scenario_fn

@@ -251,3 +251,13 @@ def test_env_config_names_every_bad_field_at_once():
     from spantrain.errors import SpantrainError
     with pytest.raises(SpantrainError, match=r"horizon.*reward_scale"):
         EnvConfig(reward_scale=-1.0, horizon=0)
+
+
+def test_env_takes_its_config_as_a_dict_and_names_a_wrong_one():
+    # gym.make(ENV_ID, config={"max_devices": 8}) was an AttributeError ('dict' has no max_devices)
+    env = gym.make(ENV_ID, config={"max_devices": 8, "models": ("gpt2-medium",)})
+    assert env.unwrapped.config == EnvConfig(max_devices=8, models=("gpt2-medium",))
+    with pytest.raises(SpantrainError, match="unknown EnvConfig field 'max_device'"):
+        gym.make(ENV_ID, config={"max_device": 8})
+    with pytest.raises(SpantrainError, match="config must be an EnvConfig"):
+        gym.make(ENV_ID, config="small")
