@@ -80,6 +80,8 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     when `path` is None); `PolicyError` in one line if it is missing or unusable, naming the
     file as `option` (the flag that named it) and what to pass instead. `resume_fix`: what to
     say besides when the file is a training run's resume state (``resume.pt``)."""
+    if path is not None and not isinstance(path, str | os.PathLike):  # 5 was a TypeError from Path()
+        raise PolicyError(f"{option} must be the path of a policy file, got {path!r:.80}")
     shipped = not path
     path = SHIPPED_POLICY if shipped else Path(path)
     # without the shipped policy the heuristic remains; a file the user named is theirs to fix

@@ -529,3 +529,11 @@ def test_ppo_planner_options_name_a_bad_one(options, field):
     from spantrain.policies.registry import get_planner
     with pytest.raises(SpantrainError, match=f"ppo: {field}"):
         get_planner("ppo", **options)
+
+
+def test_load_policy_given_no_path_names_it():
+    # load_policy(5) was a TypeError from Path()
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import load_policy
+    with pytest.raises(PolicyError, match="--policy must be the path of a policy file, got 5"):
+        load_policy(5)
