@@ -30,9 +30,10 @@ def test_network_groups_follow_the_links():
     assert sorted(map(sorted, groups)) == [[0, 1, 2], [3, 4], [5]]
 
 
-@pytest.mark.parametrize("scale", [1e-300, 1e290])
+@pytest.mark.parametrize("scale", [1e-29, 1e28])
 def test_network_groups_survive_extreme_bandwidths(scale):
-    # bytes/s whose products under- or overflow: only the ratios matter to the groups
+    # the spec's extremes (1e-30 to 1e30 Gbit/s; with_arrays refuses beyond them): only the ratios
+    # matter to the groups
     cluster = region_cluster({"a": (3, 140, 40, 100), "b": (2, 35, 24, 10)}, 0.1)
     cluster = cluster.with_arrays(bandwidth=cluster.bandwidth * scale)
     assert sorted(map(sorted, network_groups(cluster))) == [[0, 1, 2], [3, 4]]
