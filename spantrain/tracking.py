@@ -72,6 +72,17 @@ def _check_init_timeout() -> None:
                                  "positive number of seconds, or unset it")
 
 
+def _init_timeout() -> float:
+    """`WANDB_INIT_TIMEOUT` as it is now, else `INIT_TIMEOUT_S`, passed to every `wandb.init`: wandb
+    reads the variable once per process, so a change after an earlier run in the same process (a
+    notebook, the test suite) went unheeded and it waited its 90 s."""
+    with contextlib.suppress(ValueError, TypeError):
+        value = float(os.environ.get("WANDB_INIT_TIMEOUT", ""))
+        if 0 < value < math.inf:
+            return value
+    return INIT_TIMEOUT_S
+
+
 _DIRECTORY_VARIABLES = ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_ARTIFACT_DIR", "WANDB_CONFIG_DIR")
 
 
@@ -187,7 +198,7 @@ class Tracker:
             return
         # online without a login, or without the network (wandb retried for 90 s, then
         # raised): the job logs offline instead, with a note, rather than failing
-        timeout = {} if os.environ.get("WANDB_INIT_TIMEOUT") else {"init_timeout": INIT_TIMEOUT_S}
+        timeout = {"init_timeout": _init_timeout()}
         try:
             self.run = init(mode, **timeout)
         except wandb.errors.Error as e:
