@@ -47,7 +47,7 @@ from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.runtime.checkpoint import PLAN_FILE
 from spantrain.runtime.config import RunConfig
-from spantrain.runtime.metrics import iteration_totals
+from spantrain.runtime.metrics import iteration_totals, read_records
 
 __all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars",
            "CLUSTER_SEEN_FILE"]
@@ -385,16 +385,7 @@ def _log_decisions(path: str, records: list[dict[str, Any]], written: int) -> in
 
 def _logged_decisions(path: str) -> list[dict[str, Any]]:
     """The ``adapt`` events a metrics file holds (whole lines only), as decision records."""
-    text = Path(path).read_text() if Path(path).exists() else ""
-    records = []
-    for line in text[:text.rfind("\n") + 1].splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("event") == "adapt":
-            records.append({k: v for k, v in rec.items() if k != "event"})
-    return records
+    return [{k: v for k, v in rec.items() if k != "event"} for rec in read_records(path) if rec.get("event") == "adapt"]
 
 
 DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "iteration_s_new", "migration_s",

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps",
+__all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps", "read_records",
            "read_step_records", "iteration_totals", "TOTALS_IN_SUMMARY"]
 
 DRIFT_FACTOR = 2.0
@@ -139,9 +139,9 @@ def drift_message(event: dict[str, Any], cluster_file: str | None = None, measur
                    "continue with spantrain run --resume")
 
 
-def read_step_records(path: str | Path) -> list[dict[str, Any]]:
-    """The iteration records of a metrics file, in file order (events left out). Whole lines only: the
-    writer may be half-way through the last one, and a killed writer may have left one cut."""
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a metrics file, in file order. Whole lines only: the writer may be half-way
+    through the last one, and a killed writer may have left one cut."""
     path = Path(path)
     text = path.read_text() if path.exists() else ""
     records = []
@@ -150,9 +150,14 @@ def read_step_records(path: str | Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if "loss" in rec and "step" in rec:
+        if isinstance(rec, dict):
             records.append(rec)
     return records
+
+
+def read_step_records(path: str | Path) -> list[dict[str, Any]]:
+    """The iteration records of a metrics file, in file order (events left out; `read_records`)."""
+    return [rec for rec in read_records(path) if "loss" in rec and "step" in rec]
 
 
 TOTALS_IN_SUMMARY = ("start_step", "steps", "loss_first", "loss_last", "skipped_steps")

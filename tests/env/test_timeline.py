@@ -32,9 +32,7 @@ def test_a_plan_of_many_stages_draws_a_capped_timeline(run_cli, monkeypatch, tmp
     (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "deep", "architecture": arch, "seq_len": 64,
                                                      "global_batch": 4}))
     stages = [{"devices": [d], "layers": [k, k + 1]} for k, d in enumerate(cluster.ids)]
-    (tmp_path / "p.json").write_text(json.dumps({"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
-                                                 "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4,
-                                                                "stages": stages}]}))
+    _one_pipeline(tmp_path / "p.json", stages)
     seen = {}
     real = Figure.savefig
 
@@ -68,9 +66,7 @@ def test_a_long_device_id_is_cut_short_in_the_timeline(run_cli, monkeypatch, tmp
             "network": {"regions": {"r": {"gbps": 10, "latency_ms": 0.1}}}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
     stages = [{"devices": [long_id], "layers": [0, 4]}, {"devices": ["b"], "layers": [4, 8]}]
-    (tmp_path / "p.json").write_text(json.dumps({"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
-                                                 "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4,
-                                                                "stages": stages}]}))
+    _one_pipeline(tmp_path / "p.json", stages)
     seen = {}
     real = Figure.savefig
 
@@ -88,3 +84,9 @@ def test_a_long_device_id_is_cut_short_in_the_timeline(run_cli, monkeypatch, tmp
     first, second = seen["labels"]
     assert first.startswith("p0 s0 ddd") and first.endswith("… [0,4)") and len(first) < 60
     assert second == "p0 s1 b [4,8)"
+
+
+def _one_pipeline(path, stages) -> None:
+    """A one-pipeline 1F1B plan file of 4 micro-batches of 1 over `stages`."""
+    path.write_text(json.dumps({"schedule": "1f1b", "sync": {"mode": "allreduce", "period": 1},
+                                "pipelines": [{"micro_batch_size": 1, "num_micro_batches": 4, "stages": stages}]}))
