@@ -621,18 +621,18 @@ def check_inputs(cluster: Cluster, workload: Workload, calibration: Calibration 
 
 def _schedule_code(schedule: str) -> int:
     """The kernel's code of `schedule`; `PlanError` naming the choices for an unknown one."""
-    code = SCHEDULE_CODES.get(schedule) if isinstance(schedule, str) else None
-    if code is None:
-        raise PlanError(f"schedule {schedule!r} is unknown (choose from {', '.join(SCHEDULE_CODES)})")
-    return code
+    try:  # a plain lookup when it is known: `arrays` runs per estimate
+        return SCHEDULE_CODES[schedule]
+    except (KeyError, TypeError):
+        raise PlanError(f"schedule {schedule!r} is unknown (choose from {', '.join(SCHEDULE_CODES)})") from None
 
 
 def _sync_code(mode: str) -> int:
     """The kernel's code of sync `mode`; `PlanError` naming the choices for an unknown one."""
-    code = SYNC_CODES.get(mode) if isinstance(mode, str) else None
-    if code is None:
-        raise PlanError(f"sync mode {mode!r} is unknown (choose from {', '.join(SYNC_CODES)})")
-    return code
+    try:
+        return SYNC_CODES[mode]
+    except (KeyError, TypeError):
+        raise PlanError(f"sync mode {mode!r} is unknown (choose from {', '.join(SYNC_CODES)})") from None
 
 
 _MEMO_MAX = 200_000

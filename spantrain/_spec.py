@@ -171,12 +171,7 @@ def parse_json(text: Any, source: str, error: type[Exception]) -> Any:
 def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
     """JSON by suffix, YAML otherwise; a syntax error or a key given twice is `error` in one line."""
     if p.suffix.lower() == ".json":
-        try:
-            return json.loads(text, object_pairs_hook=_unique_object)
-        except json.JSONDecodeError as e:
-            raise error(f"{p}: JSON syntax error at line {e.lineno} column {e.colno}: {e.msg}") from None
-        except _DuplicateKey as e:
-            raise error(f"{p}: duplicate key {shown(e.args[0])} in one object: give each key once") from None
+        return parse_json(text, str(p), error)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:

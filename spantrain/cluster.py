@@ -113,7 +113,8 @@ class Device:
 
     def __post_init__(self) -> None:
         # the spec parser checks its entries; a Device built in code met no check (tflops=-5 or nan planned)
-        fields = dataclasses.asdict(self)
+        # the checked fields only: asdict deep-copied every measured layer time at each Device made
+        fields = {"id": self.id, "tflops": self.tflops, "memory_gb": self.memory_gb}
         where = f"device {shown(self.id)}"
         problems: list[str] = []
         nonempty_str(fields, "id", "device", problems)

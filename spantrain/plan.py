@@ -431,7 +431,7 @@ def _int(x: Any) -> bool:
 
 
 def _pos_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    return _int(x) and x > 0
 
 
 def _finite_figure(x: Any) -> bool:

@@ -102,15 +102,16 @@ class Layer:
 
     def __post_init__(self) -> None:
         # as a workload file's layers are checked: built in code, nan FLOPs or -5 params were planned
-        fields = dataclasses.asdict(self)
         where = f"layer {shown(self.name)}"
         problems: list[str] = []
         if not isinstance(self.name, str) or not self.name.strip():
             problems.append(f"layer name must be a non-empty string, {got(self.name)}")
         if not isinstance(self.kind, str) or not self.kind.strip():
             problems.append(f"{where}: kind must be a non-empty string, {got(self.kind)}")
-        for key in ("forward_flops", "input_grad_flops", "weight_grad_flops", "params", "boundary_bytes",
-                    "activation_bytes"):
+        figures = ("forward_flops", "input_grad_flops", "weight_grad_flops", "params", "boundary_bytes",
+                   "activation_bytes")
+        fields = {key: getattr(self, key) for key in figures}  # not asdict: a copy per layer made
+        for key in figures:
             value = nonneg_number(fields, key, where, problems)
             if key == "params" and value is not None and not value.is_integer():
                 problems.append(f"{where}: params must be a whole number of parameters, {got(self.params)}")
