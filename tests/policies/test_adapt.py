@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from conftest import region_cluster
+from policy_helpers import region_cluster
 
 from spantrain.errors import PlanError
 from spantrain.plan import Plan

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import region_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from policy_helpers import region_cluster
 
 from spantrain.env import kernel
 from spantrain.env.costmodel import CostModel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from conftest import region_cluster
+from policy_helpers import region_cluster
 
 from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Evaluator, Knobs

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import region_cluster
+from policy_helpers import region_cluster
 
 from spantrain.env.costmodel import CostModel
 from spantrain.errors import PlannerError
