@@ -535,6 +535,10 @@ def _run(args: argparse.Namespace) -> int:
         except ExecutionError as e:  # named by its flag, as --data and --calibration are
             raise ExecutionError(f"--rank-map {e}") from None
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) if torchrun else 0
+    if torchrun and not restart and _restarts_share_the_store():
+        _note("torchrun keeps one rendezvous store across restarts, so a restarted attempt can read this "
+              "one's gloo addresses and fail or hang (pytorch/pytorch#135712): start torchrun with "
+              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     if restart and args.checkpoint_dir and not args.resume:
         # torchrun --max-restarts started this attempt after a failure: continue from the last
         # checkpoint this job wrote (the first attempt's command has no --resume); another job's
@@ -853,6 +857,16 @@ def _pipelining_log_to(path: Path) -> None:
         logger.removeHandler(handler)
     logger.addHandler(logging.FileHandler(path))
     logger.propagate = False
+
+
+def _restarts_share_the_store() -> bool:
+    """torchrun may restart this job (--max-restarts) and hands its workers the agent's own
+    rendezvous store, which outlives an attempt (c10d rendezvous, `--standalone` included)."""
+    try:
+        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    except ValueError:
+        return False
+    return restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _note(msg: str) -> None:

@@ -82,6 +82,27 @@ def test_a_restarted_attempt_resumes_from_the_last_checkpoint_its_job_wrote(tmp_
     assert code == 0 and not seen and "the job already trained its 2 iterations" in err, err
 
 
+def test_a_restartable_job_on_a_shared_rendezvous_store_is_told_how_to_restart_safely(tmp_path, torchrun_env,
+                                                                                      monkeypatch):
+    from spantrain.cli import run as run_cli
+
+    monkeypatch.setattr(run_cli, "_run_torchrun", lambda cfg: None)
+    args = _args(tmp_path)
+    torchrun_env(4)
+    hint = "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    for restarts, shared, told in (("3", "True", True), ("0", "True", False), ("3", "False", False)):
+        # torchrun --max-restarts 3 (c10d rendezvous): workers get the agent's store unless the variable is set
+        monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", restarts)
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", shared)
+        code, _, err = spantrain_here(*args)
+        assert code == 0 and (hint in err) is told, (restarts, shared, err)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("RANK", "1")  # said once per job, by rank 0
+    code, _, err = spantrain_here(*args)
+    assert code == 0 and hint not in err, err
+
+
 def test_every_rank_must_run_the_same_job():
     cfg = RunConfig(cluster_spec={}, model="/node1/models/tiny.json", global_batch=None,
                     plan=plan("1f1b", "allreduce", ASYMMETRIC), steps=10, seed=0, optim=OptimConfig(),
