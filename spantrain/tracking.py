@@ -23,6 +23,12 @@ __all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
 
+FLUSH_INTERVAL_S = 1.0
+"""How often wandb writes what a run logged to its ``.wandb`` file. wandb's service dies with a
+killed process (``kill -9``, the OOM killer) and loses what it had not written: at wandb's
+default, 15 s or 32 KiB of records (a SIGKILLed train-policy's W&B run ended 500 PPO steps
+before its saved state)."""
+
 INIT_TIMEOUT_S = 30.0
 """How long an online run may take to start before the run goes offline instead (wandb
 waits 90 s by default; `WANDB_INIT_TIMEOUT` overrides)."""
@@ -190,7 +196,9 @@ class Tracker:
             return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
                               dir=str(out), tags=tags, reinit="finish_previous", id=run_id,
                               resume="allow" if run_id else None,
-                              settings=wandb.Settings(silent=True, console="off", **settings))
+                              settings=wandb.Settings(silent=True, console="off",
+                                                      x_transaction_log_flush_interval=FLUSH_INTERVAL_S,
+                                                      **settings))
 
         if mode in ("offline", "disabled", "dryrun"):
             self.run = init(mode)

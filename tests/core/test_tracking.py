@@ -307,3 +307,30 @@ def test_an_empty_wandb_variable_counts_as_unset(monkeypatch):
     monkeypatch.setenv("WANDB_RUN_ID", " ")
     check_environment()
     assert "WANDB_MODE" not in os.environ and "WANDB_RUN_ID" not in os.environ
+
+
+def test_what_a_killed_process_logged_a_moment_before_is_in_its_offline_run(tmp_path, wandb_records):
+    # wandb's service dies with a SIGKILLed job and loses what it had not written to the run's
+    # file: at wandb's default of 15 s, a train-policy killed 10 s in had lost half its records
+    import signal
+    import time
+
+    code = ("import sys, time\n"
+            "from spantrain.tracking import Tracker\n"
+            "t = Tracker(job_type='test', dir=sys.argv[1])\n"
+            "t.log({'x': 31337.125}, step=7)\n"
+            "t.log({'x': 1.0}, step=8)\n"  # commits step 7's row
+            "print(t.url_or_dir, flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "wandb")], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "WANDB_MODE": "offline"})
+    try:
+        where = proc.stdout.readline().strip()
+        time.sleep(3)  # a few of the tracker's flush intervals, well under wandb's own
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert where and Path(where).is_dir()
+    records = wandb_records(tmp_path / "wandb", b"31337.125", timeout_s=2)
+    assert b"31337.125" in records
