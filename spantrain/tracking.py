@@ -11,6 +11,7 @@ import contextlib
 import math
 import netrc
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,7 @@ class Tracker:
         # online without a login, or without the network (wandb retried for 90 s, then
         # raised): the job logs offline instead, with a note, rather than failing
         timeout = {"init_timeout": _init_timeout()}
+        before = _run_dirs(out)
         try:
             self.run = init(mode, **timeout)
         except wandb.errors.Error as e:
@@ -214,6 +216,10 @@ class Tracker:
             # wandb's service keeps the failed online attempt's run id: an offline run under the
             # same id (a `run`'s, a resumed job's) was refused as "in use" and failed the job
             wandb.teardown()
+            # the attempt's own directory: its log and a run record, which a later `wandb sync`
+            # of the directory uploaded as an empty run beside the offline one
+            for path in _run_dirs(out) - before:
+                shutil.rmtree(path, ignore_errors=True)
             self.run = init("offline")
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")
@@ -328,6 +334,11 @@ class Tracker:
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.finish(exit_code=None if exc_type is None else 1)
+
+
+def _run_dirs(out: Path) -> set[Path]:
+    """The online runs' directories wandb made under `out` (``wandb/run-DATE-ID``)."""
+    return set((out / "wandb").glob("run-*-*"))
 
 
 def describe_run(where: str) -> str:

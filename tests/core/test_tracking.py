@@ -58,6 +58,8 @@ def test_a_run_id_that_cannot_start_online_logs_offline_under_the_same_id(tmp_pa
     monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
+    earlier = tmp_path / "wandb" / "wandb" / "run-20260101_000000-earlier1"  # an online run's, not this attempt's
+    earlier.mkdir(parents=True)
     tracker = Tracker(job_type="test", config={"a": 1}, dir=tmp_path / "wandb", run_id="abcd1234")
     try:
         tracker.log({"x": 1.0}, step=0)
@@ -67,6 +69,8 @@ def test_a_run_id_that_cannot_start_online_logs_offline_under_the_same_id(tmp_pa
     assert run_id == "abcd1234"
     assert where.startswith(str(tmp_path / "wandb" / "wandb" / "offline-run-")) and where.endswith("-abcd1234")
     assert "W&B cannot log online" in capsys.readouterr().err
+    # the failed attempt left its directory, a run record inside, for `wandb sync` to upload as a run
+    assert sorted((tmp_path / "wandb" / "wandb").glob("*run-*")) == [Path(where), earlier]
 
 
 @pytest.mark.parametrize("machine,env", [
