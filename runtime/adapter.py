@@ -47,7 +47,7 @@ from spantrain.errors import ExecutionError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.runtime.checkpoint import PLAN_FILE
 from spantrain.runtime.config import RunConfig
-from spantrain.runtime.metrics import iteration_totals, read_records
+from spantrain.runtime.metrics import iteration_totals, read_records, run_summary
 
 __all__ = ["Decision", "Replan", "ClusterFile", "Adapter", "StopTimedOut", "run_adapting", "adaptation_scalars",
            "CLUSTER_SEEN_FILE"]
@@ -360,7 +360,8 @@ def run_adapting(cfg: RunConfig, launch: Callable[[RunConfig, Adapter], dict[str
         _log_decisions(cfg.metrics_path, adapter.records, written)
     whole = whole_run(result)
     if cfg.track and (earlier or adapter.records):  # a run that ends normally: not in the way of a Ctrl-C
-        _track_decisions(cfg, earlier + adapter.records)
+        # the run's last part now: the one to name (offline, it holds the final summary and the table)
+        whole["wandb"] = _track_decisions(cfg, earlier + adapter.records, whole) or whole.get("wandb")
     _write_result(cfg, whole)  # RUN_DIR/result.json held the last plan's part alone
     return whole
 
@@ -393,17 +394,22 @@ DECISION_COLUMNS = ("step", "source", "switch", "chosen", "iteration_s_kept", "i
 """Columns of the ``adapt/decisions`` W&B table: every decision of an ``--adapt`` run, kept plans too."""
 
 
-def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]]) -> None:
+def _track_decisions(cfg: RunConfig, records: list[dict[str, Any]], whole: dict[str, Any]) -> str:
     """Every decision as one W&B table in the job's run (`cfg.wandb_id`), at the end: the new
     plans' ranks 0 log a switch's numbers as it starts, but a decision to keep the plan has no
-    launch of its own to log it. (The summary's totals are the whole run's: each launch's rank 0
-    counts them from the metrics file, `iteration_totals`.)"""
-    from spantrain.tracking import Tracker
+    launch of its own to log it. This last part of the run starts with the name and config of the
+    launch before it (they were empty), and writes the run's final summary again (`whole`: the
+    last launch's medians, the whole run's totals): offline each part has its own summary, and
+    this part is the one the run's closing line names. Returns where the part is."""
+    from spantrain.tracking import Tracker, part_settings
 
-    with Tracker(job_type="run", dir=Path(cfg.run_dir) / "wandb", run_id=cfg.wandb_id) as tracker:
+    out = Path(cfg.run_dir) / "wandb"
+    with Tracker(job_type="run", dir=out, run_id=cfg.wandb_id, **part_settings(out, cfg.wandb_id)) as tracker:
         tracker.log_table("adapt/decisions", list(DECISION_COLUMNS),
                           [[r.get(c) for c in DECISION_COLUMNS] for r in records],
                           step=0)  # the tracker moves it past the iterations the run logged
+        tracker.summary(run_summary(whole, iteration_totals(cfg.metrics_path, whole["final_step"])))
+        return tracker.url_or_dir
 
 
 def adaptation_scalars(record: dict[str, Any]) -> dict[str, float]:

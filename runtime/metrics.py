@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MetricsLog", "DriftWatch", "DRIFT_FACTOR", "drift_message", "summarize", "warmup_steps", "read_records",
-           "read_step_records", "iteration_totals", "TOTALS_IN_SUMMARY"]
+           "read_step_records", "iteration_totals", "TOTALS_IN_SUMMARY", "run_summary"]
 
 DRIFT_FACTOR = 2.0
 """Slowdown (recent median step time / baseline median) that is reported as drift. High
@@ -163,6 +163,17 @@ def read_step_records(path: str | Path) -> list[dict[str, Any]]:
 TOTALS_IN_SUMMARY = ("start_step", "steps", "loss_first", "loss_last", "skipped_steps")
 """The `iteration_totals` a W&B run's summary shows: the whole run's, where a launch's own
 medians (step_s, samples_per_s) stay its own."""
+
+
+def run_summary(result: dict[str, Any], totals: dict[str, Any]) -> dict[str, Any]:
+    """A W&B run's summary at the end of a launch: the launch's own medians (`summarize`'s figures
+    in its `result`), the whole run's `totals` (`iteration_totals` from the run's first
+    iteration), and where it stopped. The same values whichever part of the run writes them."""
+    own = {k: result.get(k) for k in ("steps", "samples_per_s", "step_s", "cpu_s", "loss_first", "loss_last",
+                                      "warmup_steps")}
+    return {**{k: v for k, v in own.items() if v is not None},
+            **{k: totals[k] for k in TOTALS_IN_SUMMARY if totals[k] is not None},
+            "stopped_early": result["stopped_early"], "final_step": result["final_step"]}
 
 
 def iteration_totals(path: str | Path, end: int, start: int | None = None) -> dict[str, Any]:

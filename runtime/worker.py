@@ -61,7 +61,7 @@ from spantrain.runtime.linkprobe import (
     sync_rings,
 )
 from spantrain.runtime.loss_scale import LossScaler
-from spantrain.runtime.metrics import TOTALS_IN_SUMMARY, MetricsLog, iteration_totals, summarize
+from spantrain.runtime.metrics import MetricsLog, iteration_totals, run_summary, summarize
 from spantrain.runtime.models import build_stage_module, loss_fn, require_arch
 from spantrain.runtime.optim import ensure_state, make_optimizer, optimizer_tensors
 from spantrain.runtime.pipeline import build_stage_runner
@@ -397,10 +397,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
             # a run stopped early still ends its W&B run as finished: the summary says it was stopped
             # totals over the whole W&B run: a resumed or re-planned launch continues it, and its
             # chart starts at the run's first iteration, not this launch's
-            totals = iteration_totals(cfg.metrics_path, step)
-            tracker.summary({**{k: v for k, v in summary.items() if v is not None},
-                             **{k: totals[k] for k in TOTALS_IN_SUMMARY if totals[k] is not None},
-                             "stopped_early": result["stopped_early"], "final_step": step})
+            tracker.summary(run_summary(result, iteration_totals(cfg.metrics_path, step)))
             tracker.finish()
         _write_json(Path(cfg.run_dir) / "result.json", result)
         return result

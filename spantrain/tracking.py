@@ -8,6 +8,7 @@ and `enabled=False` costs nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import netrc
 import os
@@ -19,7 +20,7 @@ from typing import Any
 from spantrain.errors import SpantrainError
 
 __all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
-           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run"]
+           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -203,7 +204,7 @@ class Tracker:
 
         if mode in ("offline", "disabled", "dryrun"):
             self.run = init(mode)
-            self._follow_steps(out)
+            self._follow_steps(out, name, config)
             return
         # online without a login, or without the network (wandb retried for 90 s, then
         # raised): the job logs offline instead, with a note, rather than failing
@@ -224,15 +225,20 @@ class Tracker:
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")
             print(f"spantrain: note: {self.note}", file=sys.stderr)
-        self._follow_steps(out)
+        self._follow_steps(out, name, config)
 
-    def _follow_steps(self, out: Path) -> None:
+    def _follow_steps(self, out: Path, name: str | None, config: dict[str, Any] | None) -> None:
         """W&B keeps a run's steps increasing: each part of a run notes the last step it logged
-        (`out`/last-step-ID), and a part that continues the run starts past it."""
+        (`out`/last-step-ID), and a part that continues the run starts past it. The part's name and
+        config are noted too (`out`/part-ID.json), for a later part that has neither (`part_settings`)."""
         if self.run is None or getattr(self.run, "disabled", False):
             return
         with contextlib.suppress(OSError):  # what a resumed job continues (`wandb_run_id`)
             (out / RUN_ID_FILE).write_text(self.run.id)
+        if name or config:
+            with contextlib.suppress(OSError, TypeError, ValueError):  # a cut file is read as none
+                (out / f"part-{self.run.id}.json").write_text(json.dumps({"name": name, "config": config or {}},
+                                                                         default=str))
         self._steps_file = out / f"last-step-{self.run.id}"
         with contextlib.suppress(OSError, ValueError):
             self._floor = int(self._steps_file.read_text()) + 1
@@ -334,6 +340,20 @@ class Tracker:
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.finish(exit_code=None if exc_type is None else 1)
+
+
+def part_settings(dir: str | Path, run_id: str | None) -> dict[str, Any]:
+    """The name and config the last part of run `run_id` logged from `dir` (a tracker's directory)
+    started with, as `Tracker`'s keyword arguments: a later part of the same run that has neither
+    of its own (`run --adapt`'s decisions, logged by the launcher) starts with the same ones, not
+    with an empty name and config. {} when there is none."""
+    if not run_id:
+        return {}
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads((Path(dir) / f"part-{run_id}.json").read_text())
+        if isinstance(saved, dict):
+            return {"name": saved.get("name") or None, "config": saved.get("config") or None}
+    return {}
 
 
 def _run_dirs(out: Path) -> set[Path]:

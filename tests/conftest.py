@@ -76,3 +76,67 @@ def wandb_records():
             time.sleep(0.05)
 
     return read
+
+
+def _wandb_file_records(path: Path) -> list:
+    """The protobuf records of a ``.wandb`` file: a 7-byte header, then LevelDB-log style
+    chunks (checksum, length, type: whole, first, middle, last) in blocks of 32 KiB."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, buf, out = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if (left := 32768 - pos % 32768) < 7:  # a block's tail too short for a header: padding
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:  # zero padding to the block's end
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+    return out
+
+
+@pytest.fixture
+def wandb_part():
+    """What one offline W&B run part (an ``offline-run-*`` directory) holds, read off its records
+    once it has ended (wandb's service writes a moment after `finish()`): its name, job type,
+    config and summary (values decoded, nested keys joined by "/", later updates winning) and the
+    steps its history rows are at."""
+    import json
+    import time
+
+    def read(part: Path, timeout_s: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            (file,) = Path(part).glob("*.wandb")
+            records = _wandb_file_records(file)
+            kinds = [r.WhichOneof("record_type") for r in records]
+            if "exit" in kinds or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        got = {"name": None, "job_type": None, "config": {}, "summary": {}, "steps": []}
+
+        def key(item) -> str:
+            return item.key or "/".join(item.nested_key)
+
+        for r, kind in zip(records, kinds, strict=True):
+            if kind == "run":
+                got.update(name=r.run.display_name, job_type=r.run.job_type)
+                got["config"].update({key(i): json.loads(i.value_json) for i in r.run.config.update})
+            elif kind == "config":
+                got["config"].update({key(i): json.loads(i.value_json) for i in r.config.update})
+            elif kind == "summary":
+                got["summary"].update({key(i): json.loads(i.value_json) for i in r.summary.update})
+            elif kind == "history":
+                got["steps"].append(r.history.step.num)
+        got["config"].pop("_wandb", None)
+        return got
+
+    return read

@@ -338,3 +338,19 @@ def test_what_a_killed_process_logged_a_moment_before_is_in_its_offline_run(tmp_
     assert where and Path(where).is_dir()
     records = wandb_records(tmp_path / "wandb", b"31337.125", timeout_s=2)
     assert b"31337.125" in records
+
+
+def test_a_later_part_of_a_run_starts_with_the_name_and_config_of_the_part_before(tmp_path, wandb_part):
+    # run --adapt's decisions: the launcher logged them in a part with an empty name and config
+    from spantrain.tracking import Tracker, part_settings
+
+    config = {"model": "m", "plan": {"pipelines": [[1, 2]]}, "planner": "heuristic"}
+    with Tracker(job_type="test", dir=tmp_path, name="m on c: run", config=config) as first:
+        first.log({"x": 1.0}, step=3)
+        run_id = first.run_id
+    assert part_settings(tmp_path, "other123") == {} and part_settings(tmp_path, None) == {}
+    with Tracker(job_type="test", dir=tmp_path, run_id=run_id, **part_settings(tmp_path, run_id)) as later:
+        later.log({"y": 2.0}, step=0)
+        where = later.url_or_dir
+    got = wandb_part(where)
+    assert (got["name"], got["config"], got["steps"]) == ("m on c: run", config, [4])

@@ -226,7 +226,7 @@ def test_a_resumed_adapt_job_tracks_the_decisions_of_its_earlier_launches(tmp_pa
     cfg = RunConfig(cluster_spec=CLUSTER, model=str(model), global_batch=None, plan=RUNNING.to_dict(), steps=20,
                     run_dir=str(tmp_path / "run"), metrics_path=str(metrics), resume=True, track=True)
     tracked = []
-    monkeypatch.setattr(adapter_module, "_track_decisions", lambda cfg, records: tracked.append(records))
+    monkeypatch.setattr(adapter_module, "_track_decisions", lambda cfg, records, whole: tracked.append(records))
 
     def launch(cfg, adapter):
         return {"start_step": 2, "final_step": 20, "stopped_early": False, "plan": RUNNING.to_dict(),
@@ -252,7 +252,7 @@ def _run_args(tmp_path: Path, name: str, steps: int, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path, wandb_records):
+def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp_path, wandb_records, wandb_part):
     # margin: the switch lands a few iterations after the change (a launcher poll, a decision, a stop)
     steps = 30
     (tmp_path / "ref").mkdir()
@@ -276,7 +276,18 @@ def test_run_switches_plans_when_the_cluster_file_changes_and_trains_exactly(tmp
     # and so is W&B's summary, which held the last plan's launch's own figures: each launch counts
     # the run so far
     launches = [wandb_items(wandb_records(p), "loss_first") for p in parts]
-    assert sorted(launches) == [[], [json.dumps(res["losses"][0])], [json.dumps(res["losses"][0])]], launches
+    assert sorted(launches) == [[json.dumps(res["losses"][0])]] * 3, launches
+    # the decisions' part, the run's last, had an empty name and config, and a summary of the table
+    # alone: it is named and configured as the launch before it, and holds the run's final summary
+    first_plan, last_plan, decisions = (wandb_part(p) for p in parts)
+    assert decisions["name"] == first_plan["name"] == last_plan["name"] == "rt-small on rt-test: adapt"
+    assert decisions["config"] == last_plan["config"] and decisions["config"]["plan"] == res["segments"][1]["plan"]
+    final = {k: v for k, v in last_plan["summary"].items() if k in ("steps", "loss_first", "loss_last", "step_s",
+                                                                     "samples_per_s", "stopped_early", "final_step")}
+    assert final == {k: decisions["summary"][k] for k in final} and len(final) == 7
+    assert final["steps"] == res["steps"] == steps and final["loss_last"] == res["losses"][-1]
+    assert "adapt/decisions/_type" in decisions["summary"]
+    assert res["wandb"] == str(parts[2])  # the closing line names that part
     # the run directory's result is the whole run's too, not the last plan's (it said "resumed from")
     machine = ("cpu_cores", "oversubscribed", "emulated")  # what the command adds to the file's result
     assert json.loads((tmp_path / "adapt" / "result.json").read_text()) == {k: v for k, v in res.items()
