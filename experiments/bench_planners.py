@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # planning time on one core
 
-    from spantrain.tracking import Tracker
+    from spantrain.tracking import Tracker, print_run_line
 
     t0 = time.perf_counter()
     if saved is not None:
@@ -545,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps({"summary": summary, "out": str(out), "wandb": where}) + "\n")
     else:
         sys.stdout.write(table)
-        sys.stdout.write(f"\nwritten to {out}" + (f"; W&B: {where}" if where else "") + "\n")
+        sys.stdout.write(f"\nwritten to {out}\n")
+    print_run_line(where, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -32,6 +32,7 @@ import contextlib
 import io
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     from spantrain.runtime.metrics import warmup_steps
     from spantrain.runtime.preflight import cpu_cores
     from spantrain.runtime.reference import train_reference
-    from spantrain.tracking import Tracker
+    from spantrain.tracking import Tracker, print_run_line
 
     batch = workload.global_batch
     skip = warmup_steps(args.steps)
@@ -182,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
             as tracker:
         tracker.log_table("runtime_overhead", list(rows[0]), [list(r.values()) for r in rows])
         tracker.summary({f"{r['config']}/step_s": r["step_s"] for r in rows})
+        where = tracker.url_or_dir
 
     if args.json:
         print(json.dumps(out))
+        print_run_line(where, file=sys.stderr)
         return 0
     print(f"{workload.name}, batch {batch}: median over {args.repeats} rounds of the median step time of {args.steps} "
           f"iterations after {skip} warm-up; {args.threads} thread(s) per process, {out['cpu_cores']} CPU cores "
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['config']:<11} {r['processes']:>5} {r['step_s']:>9.4f} {r['step_s_min']:>9.4f} "
               f"{r['samples_per_s']:>10.1f} {r['overhead_pct']:>8.1f}% {r['cpu_s']:>8.4f} "
               f"{r['cpu_overhead_pct']:>7.1f}% {r['loss_first']:>8.4f}")
+    print_run_line(where)
     return 0
 
 

@@ -424,12 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     scatter_plot(report, plot)
     (args.out / f"{stem}.json").write_text(json.dumps({**report, "plot": str(plot), "measurements": measured},
                                                       indent=1) + "\n")
-    if args.track:
-        _track(report, plot, args.quick)
+    where = _track(report, plot, args.quick) if args.track else ""
     if args.json:
         print(json.dumps(report))
     else:
         print_table(report)
+    from spantrain.tracking import print_run_line
+
+    print_run_line(where, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -549,7 +551,8 @@ def _load_range(measured: dict[str, Any]) -> list[float]:
     return [min(loads), max(loads)] if loads else []
 
 
-def _track(report: dict[str, Any], plot: Path, quick: bool) -> None:
+def _track(report: dict[str, Any], plot: Path, quick: bool) -> str:
+    """Log the report to W&B; returns where the run is (`Tracker.url_or_dir`)."""
     from spantrain.tracking import Tracker
 
     cols = ["cluster", "plan", "schedule", "sync", "pipelines", "stages", "batch", "predicted_s", "measured_s",
@@ -560,6 +563,7 @@ def _track(report: dict[str, Any], plot: Path, quick: bool) -> None:
         t.log_table("calibration", cols, rows)
         t.log_image("predicted_vs_measured", plot)
         t.summary({k: report[k] for k in ("mape", "max_abs_error", "ranking_preserved", "default_mape")})
+        return t.url_or_dir
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ from spantrain.policies.imitation import anneal, beam_search, expert_rollout
 from spantrain.policies.ppo import PPOPlanner, load_policy
 from spantrain.policies.training import EVAL_SEED_RANGE
 from spantrain.profiler.topology import PROFILES, generate
-from spantrain.tracking import Tracker
+from spantrain.tracking import Tracker, print_run_line
 
 __all__ = ["plan_cases", "adaptation_cases", "summarize", "summary_tables", "markdown", "plots", "main"]
 
@@ -478,10 +479,12 @@ def main(argv: list[str] | None = None) -> int:
                                           for r in rows])
         for img in images:
             tracker.log_image(img.stem, img)
+        where = tracker.url_or_dir
     if args.json:
         print(json.dumps(summary, default=float))
     else:
         print(table)
+    print_run_line(where, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

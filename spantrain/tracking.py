@@ -15,12 +15,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from spantrain.errors import SpantrainError
 
 __all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
-           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings"]
+           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings",
+           "print_run_line"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -372,9 +373,16 @@ def describe_run(where: str) -> str:
     run_id = path.name.rsplit("-", 1)[-1]
     parts = sorted(path.parent.glob(f"offline-run-*-{run_id}"))
     if len(parts) <= 1:
-        return where
+        return f"{where} (offline: `wandb sync {where}` uploads it)"
     return (f"{where} (one of {len(parts)} offline parts of run {run_id}, one per launch: "
             f"`wandb sync {path.parent}/offline-run-*-{run_id}` uploads them all)")
+
+
+def print_run_line(where: str, *, file: TextIO | None = None) -> None:
+    """The line naming a job's W&B run, ``W&B run: ...`` (`describe_run`), that every tracked
+    command and experiment script prints as it ends; nothing when it was not tracked."""
+    if where:
+        print(f"W&B run: {describe_run(where)}", file=file or sys.stdout)
 
 
 def remove_import_temp_dirs() -> None:

@@ -889,6 +889,10 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
               "diverged" + (f"; lower --lr (this run: {lr:g})" if lr is not None else ""))
     if as_json:
         print_json(result)
+        if result.get("wandb"):  # as train-policy --json and the experiment scripts: stdout holds the JSON alone
+            from spantrain.tracking import print_run_line
+
+            print_run_line(result["wandb"], file=sys.stderr)
         return
     def fmt(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
@@ -924,9 +928,9 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
               f"{fmt(seg['step_s'], '.3f')} s/iteration{predicted}")
     print(f"metrics: {result['metrics']}")
     if result.get("wandb"):
-        from spantrain.tracking import describe_run
+        from spantrain.tracking import print_run_line
 
-        print(f"W&B run: {describe_run(result['wandb'])}")
+        print_run_line(result["wandb"])
     if result.get("checkpoint"):
         print(f"checkpoint: {result['checkpoint']}")
 

@@ -93,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
         kept = f"; the policy it replaced is kept as {summary['shipped_previous']}" if "shipped_previous" in summary \
             else ""
         print(f"shipped it to {summary['shipped']}, which `ppo` and `auto` load{kept}", file=out)
-    if summary["wandb"]:
-        from spantrain.tracking import describe_run
+    from spantrain.tracking import print_run_line
 
-        print(f"W&B run: {describe_run(summary['wandb'])}", file=out)
+    print_run_line(summary["wandb"], file=out)
     if args.json:
         print_json(summary)
     return 0

@@ -112,6 +112,22 @@ def test_one_run_per_plan_reports_no_spread(tmp_path, capsys):
     assert "- (1 run)" in out and "median run-to-run spread - (one run per plan)" in out, out
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_tracked_calibration_ends_naming_its_wandb_run(tmp_path, capsys, monkeypatch, as_json):
+    # train-policy and run name their W&B run as they end; the experiment scripts did not
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    stored = _stored_measurements(tmp_path)
+    json_flag = ["--json"] if as_json else []
+    assert calibrate.main(["--measurements", str(stored), "--out", str(tmp_path), *json_flag]) == 0
+    out, err = capsys.readouterr()
+    (part,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
+    line = f"W&B run: {part} (offline: `wandb sync {part}` uploads it)"
+    if as_json:  # stdout holds the JSON report alone
+        assert json.loads(out)["plans"] == 2 and err.splitlines()[-1] == line, err
+    else:
+        assert out.splitlines()[-1] == line, out
+
+
 def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
     stored = _stored_measurements(tmp_path)
     assert calibrate.main(["--measurements", str(stored), "--json", "--no-track", "--out", str(tmp_path)]) == 0

@@ -9,12 +9,17 @@ from spantrain.workload import Workload
 
 
 @pytest.mark.slow
-def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys):
-    code = eval_policy.main(["--quick", "--json", "--no-track", "--no-progress", "--ga-budget-s", "0.2",
+def test_quick_evaluation_writes_table_plots_and_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    code = eval_policy.main(["--quick", "--json", "--no-progress", "--ga-budget-s", "0.2",
                              "--latency-repeats", "2", "--anneal-steps", "30", "--batch-scale", "2",
                              "--out", str(tmp_path)])
     assert code == 0
-    summary = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    # it ends naming its W&B run, as train-policy and run do (stderr: stdout holds the JSON alone)
+    (part,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
+    assert err.splitlines()[-1] == f"W&B run: {part} (offline: `wandb sync {part}` uploads it)", err
     assert summary["planning"], summary
     for entry in summary["planning"].values():
         # auto is the better of ppo and heuristic, so it is never below the heuristic

@@ -140,3 +140,5 @@ def test_quick_run_writes_results_and_logs(tmp_path):
         assert (out / name).stat().st_size > 500, name
     assert "| heuristic |" in (out / "bench_planners.md").read_text()
     assert obj["wandb"] and any(tmp_path.rglob("*.wandb"))
+    # and it ends naming that run, as train-policy and run do (stderr: stdout holds the JSON alone)
+    assert proc.stderr.splitlines()[-1] == f"W&B run: {obj['wandb']} (offline: `wandb sync {obj['wandb']}` uploads it)"

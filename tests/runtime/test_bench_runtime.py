@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_bench_runtime_reports_every_configuration(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps(MODEL))  # tiny-gpt's figures are for the report, not tests
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_runtime.py"), "--json", "--steps", "3",
-                           "--repeats", "1", "--micro-batches", "2", "--model", str(tmp_path / "model.json"),
-                           "--no-track"], capture_output=True, text=True, timeout=300)
+                           "--repeats", "1", "--micro-batches", "2", "--model", str(tmp_path / "model.json")],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    # it ends naming its W&B run, as train-policy and run do (stderr: stdout holds the JSON alone)
+    (part,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
+    assert proc.stderr.splitlines()[-1] == f"W&B run: {part} (offline: `wandb sync {part}` uploads it)", proc.stderr
     rows = {r["config"]: r for r in out["rows"]}
     assert list(rows) == ["single", "single-bf16", "1x1", "1x1-mb", "1x2", "1x2-bf16"]
     assert rows["single"]["overhead_pct"] == 0.0 and rows["1x2"]["processes"] == 2

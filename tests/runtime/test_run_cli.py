@@ -556,7 +556,14 @@ def test_the_closing_line_names_every_offline_part_of_a_resumed_jobs_wandb_run(t
     for p in parts[1:]:
         p.rmdir()
     _report(result | {"wandb": str(parts[0])}, as_json=False)
-    assert f"W&B run: {parts[0]}\n" in capsys.readouterr().out  # a run of one launch: its directory, as before
+    # a run of one launch: its directory, and the command that uploads it
+    assert f"W&B run: {parts[0]} (offline: `wandb sync {parts[0]}` uploads it)\n" in capsys.readouterr().out
+    _report(result | {"wandb": "https://wandb.ai/me/spantrain/runs/abcd1234"}, as_json=False)
+    assert "W&B run: https://wandb.ai/me/spantrain/runs/abcd1234\n" in capsys.readouterr().out  # online: its page
+    _report(result | {"wandb": str(parts[0])}, as_json=True)  # on stderr: stdout holds the JSON alone
+    out, err = capsys.readouterr()
+    assert json.loads(out)["wandb"] == str(parts[0])
+    assert err == f"W&B run: {parts[0]} (offline: `wandb sync {parts[0]}` uploads it)\n"
 
 
 def test_a_tracked_run_names_its_wandb_run_and_records_cluster_and_stop(tmp_path, monkeypatch, wandb_records):
