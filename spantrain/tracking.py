@@ -199,8 +199,7 @@ class Tracker:
             return wandb.init(project=project, job_type=job_type, config=config or {}, name=name, mode=mode,
                               dir=str(out), tags=tags, reinit="finish_previous", id=run_id,
                               resume="allow" if run_id else None,
-                              settings=wandb.Settings(silent=True, console="off",
-                                                      x_transaction_log_flush_interval=FLUSH_INTERVAL_S,
+                              settings=wandb.Settings(silent=True, console="off", **_flush_setting(wandb),
                                                       **settings))
 
         if mode in ("offline", "disabled", "dryrun"):
@@ -355,6 +354,13 @@ def part_settings(dir: str | Path, run_id: str | None) -> dict[str, Any]:
         if isinstance(saved, dict):
             return {"name": saved.get("name") or None, "config": saved.get("config") or None}
     return {}
+
+
+def _flush_setting(wandb) -> dict[str, float]:
+    """`FLUSH_INTERVAL_S` as wandb's setting, where this wandb has it (an internal one, added after
+    0.18, the oldest release spantrain takes; its Settings refuse names they do not know)."""
+    name = "x_transaction_log_flush_interval"
+    return {name: FLUSH_INTERVAL_S} if name in getattr(wandb.Settings, "model_fields", {}) else {}
 
 
 def _run_dirs(out: Path) -> set[Path]:
