@@ -528,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_planners.json").write_text(json.dumps(_compact({"spec": spec.to_dict(), "summary": summary,
                                                                   "results": results})) + "\n")
     images = plots(results, out)
-    with Tracker(job_type="bench-planners", enabled=args.track, config=spec.to_dict()) as tracker:
+    with Tracker(job_type="bench-planners", enabled=args.track, config=spec.to_dict(),
+                 name="bench_planners" + (" (quick)" if args.quick else "")) as tracker:
         flat = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}
         tracker.summary(flat)
         cols = ["profile", "devices", "seed", "model", *[f"{n}_samples_per_s" for n in ("heuristic", "ga",

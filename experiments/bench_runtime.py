@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
            "cpu_cores": cpu_cores(), "threads_per_process": args.threads,
            "schedule_1x2": args.schedule, "micro_batches_1x2": args.micro_batches, "rows": rows}
 
-    with Tracker(job_type="bench-runtime", enabled=args.track, config={k: v for k, v in out.items() if k != "rows"}) \
-            as tracker:
+    with Tracker(job_type="bench-runtime", enabled=args.track, config={k: v for k, v in out.items() if k != "rows"},
+                 name=f"bench_runtime: {workload.name}") as tracker:
         tracker.log_table("runtime_overhead", list(rows[0]), [list(r.values()) for r in rows])
         tracker.summary({f"{r['config']}/step_s": r["step_s"] for r in rows})
         where = tracker.url_or_dir

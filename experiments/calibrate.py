@@ -559,6 +559,7 @@ def _track(report: dict[str, Any], plot: Path, quick: bool) -> str:
             "error", "default_s", "default_error"]
     rows = [[c["cluster"], *[p[k] for k in cols[1:]]] for c in report["clusters"] for p in c["plans"]]
     with Tracker(job_type="calibrate", config={k: report[k] for k in ("command", "calibration", "model", "cpus")},
+                 name=f"calibrate: {report['model']}" + (" (quick)" if quick else ""),
                  tags=["quick"] if quick else None) as t:
         t.log_table("calibration", cols, rows)
         t.log_image("predicted_vs_measured", plot)

@@ -113,7 +113,7 @@ def test_one_run_per_plan_reports_no_spread(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("as_json", [False, True])
-def test_a_tracked_calibration_ends_naming_its_wandb_run(tmp_path, capsys, monkeypatch, as_json):
+def test_a_tracked_calibration_ends_naming_its_wandb_run(tmp_path, capsys, monkeypatch, as_json, wandb_part):
     # train-policy and run name their W&B run as they end; the experiment scripts did not
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     stored = _stored_measurements(tmp_path)
@@ -126,6 +126,8 @@ def test_a_tracked_calibration_ends_naming_its_wandb_run(tmp_path, capsys, monke
         assert json.loads(out)["plans"] == 2 and err.splitlines()[-1] == line, err
     else:
         assert out.splitlines()[-1] == line, out
+    # named for what it calibrated (W&B made up a name, "dainty-sun-3")
+    assert wandb_part(part)["name"] == "calibrate: tiny-gpt", wandb_part(part)
 
 
 def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):

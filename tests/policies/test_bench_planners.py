@@ -121,7 +121,7 @@ def test_from_json_reads_back_the_saved_results():
 
 
 @pytest.mark.slow
-def test_quick_run_writes_results_and_logs(tmp_path):
+def test_quick_run_writes_results_and_logs(tmp_path, wandb_part):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_planners.py"), "--quick", "--json",
@@ -142,3 +142,4 @@ def test_quick_run_writes_results_and_logs(tmp_path):
     assert obj["wandb"] and any(tmp_path.rglob("*.wandb"))
     # and it ends naming that run, as train-policy and run do (stderr: stdout holds the JSON alone)
     assert proc.stderr.splitlines()[-1] == f"W&B run: {obj['wandb']} (offline: `wandb sync {obj['wandb']}` uploads it)"
+    assert wandb_part(obj["wandb"])["name"] == "bench_planners (quick)"  # W&B's made-up name, before

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_bench_runtime_reports_every_configuration(tmp_path):
+def test_bench_runtime_reports_every_configuration(tmp_path, wandb_part):
     (tmp_path / "model.json").write_text(json.dumps(MODEL))  # tiny-gpt's figures are for the report, not tests
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_runtime.py"), "--json", "--steps", "3",
@@ -29,6 +29,7 @@ def test_bench_runtime_reports_every_configuration(tmp_path):
     # it ends naming its W&B run, as train-policy and run do (stderr: stdout holds the JSON alone)
     (part,) = (tmp_path / "wandb" / "wandb").glob("offline-run-*")
     assert proc.stderr.splitlines()[-1] == f"W&B run: {part} (offline: `wandb sync {part}` uploads it)", proc.stderr
+    assert wandb_part(part)["name"] == "bench_runtime: rt-small"  # W&B's made-up name, before
     rows = {r["config"]: r for r in out["rows"]}
     assert list(rows) == ["single", "single-bf16", "1x1", "1x1-mb", "1x2", "1x2-bf16"]
     assert rows["single"]["overhead_pct"] == 0.0 and rows["1x2"]["processes"] == 2
