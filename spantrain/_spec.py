@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "parse_json", "write_text_atomic", "replace_file", "cannot_write_in",
+__all__ = ["read_structured", "parse_json", "write_text_atomic", "save_text", "replace_file", "cannot_write_in",
            "require_writable_dir", "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int",
            "nonempty_str", "fmt_number",
            "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES",
@@ -203,6 +203,45 @@ def write_text_atomic(path: str | Path, text: str, signals: tuple[int, ...] = (s
             replace_file(Path(os.path.realpath(path)), lambda tmp: tmp.write_text(text), signals)
     except OSError as e:  # named by the file the user asked for, not the temporary one
         raise type(e)(e.errno, e.strerror, shown) from None
+
+
+def save_text(path: Any, text: str, error: type[Exception], what: str, example: str) -> None:
+    """Write `text` to the file `path` as `write_text_atomic` does, for a call that saves a file
+    (`Plan.save`, `Cluster.save`): a path it cannot write (None, a directory, a missing parent
+    directory, one this user may not write in) is `error` in one line naming the path and the
+    fix, where it was an OSError or a TypeError. `example`: a file name to suggest."""
+    if not isinstance(path, str | os.PathLike):
+        raise error(f"cannot save the {what}: expected the path of a file, got {shown(path)}; pass one such as "
+                    f"{example}")
+    p = Path(path)
+    if not str(path).strip():  # Path("") is the current directory
+        raise error(f"cannot save the {what}: the path is empty; pass a file path such as {example}")
+    try:
+        if p.is_dir():
+            raise error(f"cannot save the {what} to {p}: it is a directory; pass the path of a file in it, such as "
+                        f"{p / example}")
+        if not p.parent.is_dir():
+            if p.parent.exists():
+                raise error(f"cannot save the {what} to {p}: {p.parent} is not a directory; pass a path in a "
+                            "directory")
+            raise error(f"cannot save the {what} to {p}: its directory {p.parent} does not exist; create it first, "
+                        "or pass a path in an existing directory")
+        if "\0" in str(path):
+            raise ValueError
+    except ValueError:  # a NUL in the path
+        raise error(f"cannot save the {what} to {shown(str(path))}: not a valid path; pass a file path such as "
+                    f"{example}") from None
+    # /proc, a read-only mount, no permission: said as such (a write into /proc failed as a full disk)
+    reason = None if p.exists() and not p.is_file() else cannot_write_in(Path(os.path.realpath(p)).parent)
+    if reason:
+        fix = "free some space, or pass" if reason.startswith(DISK_FULL) else "pass"
+        raise error(f"cannot save the {what} to {p}: cannot create a file in {p.parent} ({reason}); {fix} a path in "
+                    "a directory this user can write")
+    try:
+        write_text_atomic(p, text)
+    except OSError as e:  # a full disk is DiskFull already
+        raise error(f"cannot save the {what} to {p}: {e.strerror or e}; pass a path in a directory this user can "
+                    "write") from None
 
 
 def replace_file(path: Path, write: Callable[[Path], object], signals: tuple[int, ...] = (signal.SIGINT,)) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,8 @@ from spantrain._spec import (
     positive_int,
     positive_number,
     read_structured,
+    save_text,
     shown,
-    write_text_atomic,
 )
 from spantrain.errors import SpecError, join_problems
 
@@ -307,12 +308,14 @@ class Cluster:
         return {"name": self.name, "devices": _group_devices(self.devices), "network": net}
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
+        """Write the spec, as JSON for a .json path and YAML otherwise; a path it cannot write is a
+        `SpecError` naming it."""
         spec = self.to_spec()
-        if path.suffix.lower() == ".json":
-            write_text_atomic(path, json.dumps(spec, indent=2) + "\n")
+        if isinstance(path, str | os.PathLike) and Path(path).suffix.lower() == ".json":
+            text = json.dumps(spec, indent=2) + "\n"
         else:
-            write_text_atomic(path, yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=100))
+            text = yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=100)
+        save_text(path, text, SpecError, "cluster spec", "cluster.yaml")
 
     # ---- internals ---------------------------------------------------------------------
 

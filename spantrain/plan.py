@@ -33,8 +33,8 @@ from spantrain._spec import (
     other_kind,
     parse_json,
     read_structured,
+    save_text,
     shown,
-    write_text_atomic,
 )
 from spantrain.cluster import MAX_DEVICES, Cluster
 from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError
@@ -273,7 +273,8 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        write_text_atomic(path, self.to_json() + "\n")
+        """Write the plan as JSON; a path it cannot write is a `PlanError` naming it."""
+        save_text(path, self.to_json() + "\n", PlanError, "plan", "plan.json")
 
     @classmethod
     def from_dict(cls, obj: Any, source: str = "plan") -> Plan:

@@ -204,6 +204,22 @@ def test_unwritable_output_path_is_a_one_line_error(run_cli, tmp_path):
     assert "pass a path in a directory this user can write" in err, err
 
 
+def test_an_output_path_gone_by_the_time_it_is_written_is_a_one_line_error(run_cli, tmp_path, monkeypatch):
+    # -o is checked before the work; its directory may go meanwhile: the save's own error is the line
+    import spantrain.cli.plan
+    import spantrain.cli.topo
+
+    for module in (spantrain.cli.topo, spantrain.cli.plan):
+        monkeypatch.setattr(module, "check_output_file", lambda *a, **k: None)
+    out = tmp_path / "gone" / "c.yaml"
+    code, stdout, err = run_cli("topo", "generate", "--devices", "4", "-o", out)
+    _one_line_error(code, stdout, err, f"spantrain topo: error: cannot save the cluster spec to {out}: its directory "
+                                       f"{out.parent} does not exist; create it first")
+    code, stdout, err = run_cli("plan", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--model", "tiny-gpt",
+                                "--planner", "heuristic", "-o", tmp_path)
+    _one_line_error(code, stdout, err, f"spantrain plan: error: cannot save the plan to {tmp_path}: it is a directory")
+
+
 def test_output_into_a_pipe_or_symlink_writes_what_it_names(run_cli, tmp_path):
     # -o renamed a new file over the path: a FIFO (as /dev/null, /dev/stdout) became a regular
     # file, which for root running `-o /dev/null` replaced the device; a symlink lost its target

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,14 +259,37 @@ def test_generator_and_spec_share_the_device_limit():
 
 
 @pytest.mark.parametrize("out", [".", "..", "/"])
-def test_save_to_a_path_naming_no_file_is_an_os_error(tmp_path, monkeypatch, demo_spec, out):
-    # a path without a file name had no place to write its temporary file beside: a ValueError,
-    # which the CLI does not turn into its one-line error as it does an OSError
+def test_save_to_a_path_naming_no_file_is_a_spec_error(tmp_path, monkeypatch, demo_spec, out):
+    # a path without a file name had no place to write its temporary file beside: a ValueError, then
+    # an IsADirectoryError; a library caller gets the project's own error, naming the path and the fix
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
-    with pytest.raises(IsADirectoryError, match=re.escape(f"Is a directory: '{out}'")):
+    with pytest.raises(SpecError) as err:
         Cluster.from_spec(demo_spec).save(out)
+    assert str(err.value) == (f"cannot save the cluster spec to {out}: it is a directory; pass the path of a file "
+                              f"in it, such as {Path(out) / 'cluster.yaml'}")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["sub"]
+
+
+@pytest.mark.parametrize("out, message", [
+    (None, "cannot save the cluster spec: expected the path of a file, got None; pass one such as cluster.yaml"),
+    (3, "cannot save the cluster spec: expected the path of a file, got 3; pass one such as cluster.yaml"),
+    ("", "cannot save the cluster spec: the path is empty; pass a file path such as cluster.yaml"),
+    ("TMP/missing/c.yaml", "cannot save the cluster spec to TMP/missing/c.yaml: its directory TMP/missing does "
+                           "not exist; create it first, or pass a path in an existing directory"),
+    ("TMP/afile/c.json", "cannot save the cluster spec to TMP/afile/c.json: TMP/afile is not a directory; pass "
+                         "a path in a directory"),
+    ("/proc/c.yaml", "cannot save the cluster spec to /proc/c.yaml: cannot create a file in /proc ("),
+])
+def test_save_to_a_path_it_cannot_write_is_one_spec_error(tmp_path, demo_spec, out, message):
+    # None was a TypeError from Path(); a missing directory a FileNotFoundError naming the temporary file's
+    # directory; /proc a DiskFull ("its disk is full"), since /proc has no free space to tell
+    (tmp_path / "afile").write_text("")
+    out = out.replace("TMP", str(tmp_path)) if isinstance(out, str) else out
+    with pytest.raises(SpecError) as err:
+        Cluster.from_spec(demo_spec).save(out)
+    assert str(err.value).startswith(message.replace("TMP", str(tmp_path))), str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_save_replaces_the_file_whole_or_not_at_all(tmp_path, demo_spec, monkeypatch):

@@ -33,6 +33,21 @@ def test_plan_round_trips_through_json(tmp_path):
     assert plan.stage_of("edge-0") == (0, 1) and plan.stage_of("end-0") is None
 
 
+@pytest.mark.parametrize("out, message", [
+    (None, "cannot save the plan: expected the path of a file, got None; pass one such as plan.json"),
+    ("TMP", "cannot save the plan to TMP: it is a directory; pass the path of a file in it, such as TMP/plan.json"),
+    ("TMP/missing/p.json", "cannot save the plan to TMP/missing/p.json: its directory TMP/missing does not exist; "
+                           "create it first, or pass a path in an existing directory"),
+])
+def test_save_to_a_path_it_cannot_write_is_one_plan_error(tmp_path, out, message):
+    # were a TypeError, an IsADirectoryError and a FileNotFoundError, none naming what to do
+    out = out.replace("TMP", str(tmp_path)) if out else out
+    with pytest.raises(PlanError) as err:
+        _plan().save(out)
+    assert str(err.value) == message.replace("TMP", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_model_a_plan_names_round_trips_and_must_be_a_name(tmp_path):
     plan = _plan(model="gpt2-medium")
     assert plan.to_dict()["model"] == "gpt2-medium" and Plan.from_json(plan.to_json()) == plan
