@@ -15,6 +15,7 @@ import re
 import reprlib
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,8 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     if not isinstance(path, str | os.PathLike):  # Cluster.from_file(None) was a TypeError from Path()
         raise error(f"expected the path of a file, got {shown(path)}")
     p = Path(path)
+    if str(path) == "-" and not p.exists():  # not standard input, as some tools take it: said so
+        raise error("-: reading from standard input is not supported; save it to a file and pass that file's path")
     if not p.exists():
         if p.is_symlink():  # exists() follows it: a loop, or a link whose target is missing, said as such
             try:
@@ -58,8 +61,7 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     if p.is_dir():
         raise error(f"{p}: is a directory, expected a file")
     try:
-        with open(p, "rb") as f:  # a bounded read: a device or pipe may never end
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = _read_regular_file(p, error)
     except OSError as e:
         raise error(f"{p}: cannot be read ({e.strerror or e})") from None
     if len(data) > MAX_FILE_BYTES:
@@ -81,6 +83,23 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
     if _has_huge_int(data):
         raise error(f"{p}: {_HUGE_INT}")
     return data
+
+
+def _read_regular_file(p: Path, error: type[Exception]) -> bytes:
+    """Up to `MAX_FILE_BYTES` + 1 bytes of the regular file `p`, else `error`: a named pipe
+    blocked the command until something wrote into it, a device (/dev/zero) may never end, and
+    /dev/stdin is the terminal or a pipe (a file redirected in is read). Opened without blocking
+    and checked on the open file, so a pipe swapped in meanwhile is refused too."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "a device")
+            raise error(f"{p}: is {kind}, not a regular file; save what it gives to a file and pass that file's "
+                        "path")
+        os.set_blocking(fd, True)
+        return f.read(MAX_FILE_BYTES + 1)  # bounded: a file may still be huge (a sparse one)
 
 
 _HUGE_INT_BITS = 1024

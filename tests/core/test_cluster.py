@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from spantrain.cluster import GBPS, MAX_DEVICES, Cluster
-from spantrain.errors import SpecError
+from spantrain.errors import SpantrainError, SpecError
 
 
 def test_design_example_expands_counts_and_fills_arrays(demo_spec):
@@ -346,11 +347,49 @@ def test_a_file_that_never_ends_is_refused_and_a_byte_order_mark_is_read(tmp_pat
 
     monkeypatch.setattr(_spec, "MAX_FILE_BYTES", 4096)  # the real bound, 256 MB, takes a moment to fill
     # /dev/zero (or any device or endless pipe) filled the memory until the kernel killed the process
-    with pytest.raises(SpecError, match=r"^/dev/zero: larger than 0 MB, which no spec, plan or workload file is"):
+    with pytest.raises(SpecError, match=r"^/dev/zero: is a device, not a regular file; save what it gives to a file"):
         Cluster.from_file("/dev/zero")
+    huge = tmp_path / "huge.yaml"  # a regular file is still read only up to the bound
+    with open(huge, "wb") as f:
+        f.truncate(8192)
+    with pytest.raises(SpecError, match=r"^.*huge\.yaml: larger than 0 MB, which no spec, plan or workload file is"):
+        Cluster.from_file(huge)
     path = tmp_path / "bom.json"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(demo_spec).encode())  # as some Windows editors save
     assert len(Cluster.from_file(path)) == len(Cluster.from_spec(demo_spec))  # was "Unexpected UTF-8 BOM"
+
+
+@pytest.mark.timeout(120)  # without the check, each read waits forever
+def test_a_pipe_or_standard_input_is_refused_not_waited_on(tmp_path, demo_spec, run_cli):
+    # `mkfifo f; spantrain plan --cluster f` waited for a writer forever, and so did a FIFO given as a plan,
+    # a workload or a calibration profile (all read here)
+    import subprocess
+    import sys
+
+    from spantrain.plan import Plan
+
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    for load in (Cluster.from_file, Plan.from_file):
+        with pytest.raises(SpantrainError) as err:
+            load(fifo)
+        assert str(err.value) == (f"{fifo}: is a pipe (FIFO), not a regular file; save what it gives to a file and "
+                                  "pass that file's path")
+    code, out, err = run_cli("plan", "--cluster", fifo, "--model", "gpt2-medium")
+    assert (code, out) == (2, "") and err == (f"spantrain plan: error: {fifo}: is a pipe (FIFO), not a regular file; "
+                                              "save what it gives to a file and pass that file's path\n")
+    with pytest.raises(SpecError, match=r"^-: reading from standard input is not supported; save it to a file"):
+        Cluster.from_file("-")
+    # /dev/stdin is read when it is a file redirected in, refused when it is a pipe
+    code = "import sys; from spantrain.cluster import Cluster; print(len(Cluster.from_file('/dev/stdin')))"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(demo_spec))
+    with open(spec) as f:
+        done = subprocess.run([sys.executable, "-c", code], stdin=f, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == str(len(Cluster.from_spec(demo_spec))), done.stderr
+    done = subprocess.run([sys.executable, "-c", code], input=spec.read_text(), capture_output=True, text=True,
+                          timeout=60)
+    assert "/dev/stdin: is a pipe (FIFO), not a regular file" in done.stderr
 
 
 def test_an_error_line_lists_twenty_problems_and_counts_the_rest(demo_spec):
