@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spantrain._spec import got, parse_json, read_text_file, shown
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
-from spantrain.errors import ExecutionError
+from spantrain.errors import ExecutionError, join_problems
 from spantrain.plan import Plan
 from spantrain.workload import Workload, load_workload
 
@@ -166,11 +167,33 @@ class RunConfig:
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
-        raw = json.loads(text)
-        raw["optim"] = OptimConfig(**raw["optim"])
-        return cls(**raw)
+    def from_json(cls, text: str | bytes, source: str = "run config") -> RunConfig:
+        """Parse `to_json`'s text: malformed JSON, or an object that is not a run's settings, is an
+        `ExecutionError` naming `source` (it was a JSONDecodeError, KeyError or TypeError)."""
+        raw = parse_json(text, source, ExecutionError)
+        fix = "pass the run_config.json that spantrain run wrote in a run directory"
+        if not isinstance(raw, dict):
+            raise ExecutionError(f"{source}: expected a JSON object of a run's settings, got "
+                                 f"{type(raw).__name__}; {fix}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        problems = [f"unknown key {shown(k)}" for k in raw if k not in fields]
+        problems += [f"missing key {k!r}" for k, f in fields.items()
+                     if k not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        optim = raw.get("optim", {})
+        if not isinstance(optim, dict):
+            problems.append(f"optim must be an object of OptimConfig's fields, {got(optim)}")
+        else:
+            known = {f.name for f in dataclasses.fields(OptimConfig)}
+            problems += [f"optim: unknown key {shown(k)}" for k in optim if k not in known]
+        if problems:
+            raise ExecutionError(f"{source}: not a run's settings ({join_problems(problems)}); {fix}")
+        try:
+            return cls(**{**raw, "optim": OptimConfig(**optim)})
+        except ExecutionError as e:
+            raise ExecutionError(f"{source}: {e}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> RunConfig:
-        return cls.from_json(Path(path).read_text())
+        """A run's settings file (`save`'s): a missing, unreadable or malformed one is an
+        `ExecutionError` naming it."""
+        return cls.from_json(read_text_file(path, ExecutionError), str(path))

@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["read_structured", "parse_json", "write_text_atomic", "save_text", "replace_file", "cannot_write_in",
+__all__ = ["read_structured", "read_text_file", "parse_json", "write_text_atomic", "save_text", "replace_file",
+           "cannot_write_in",
            "require_writable_dir", "check_keys", "is_figure", "positive_number", "nonneg_number", "positive_int",
            "nonempty_str", "fmt_number",
            "got", "plural", "FIGURE_MIN", "FIGURE_MAX", "readable", "cannot_create", "other_kind", "FULL_DISK_BYTES",
@@ -44,6 +45,25 @@ _EXP_NUMBER = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?[eE]([+-]?)(\d+)")
 
 def read_structured(path: str | Path, error: type[Exception]) -> Any:
     """Parse a YAML or JSON file (by suffix; YAML otherwise) or raise `error` in one line."""
+    text = read_text_file(path, error)
+    p = Path(path)
+    try:
+        data = _parse_text(p, text, error)
+    except ValueError as e:  # Python converts at most 4,300 digits to an int, by default
+        if "integer string conversion" not in str(e):
+            raise
+        raise error(f"{p}: {_HUGE_INT}") from None
+    except RecursionError:  # both parsers recurse per level: [[[[...]]]] exhausts the stack
+        raise error(f"{p}: nested too deeply to read (spec, plan and workload files are a few levels "
+                    "deep; check the brackets)") from None
+    if _has_huge_int(data):
+        raise error(f"{p}: {_HUGE_INT}")
+    return data
+
+
+def read_text_file(path: str | Path, error: type[Exception]) -> str:
+    """The text of a UTF-8 file, or `error` in one line naming it: missing, a directory, a pipe or
+    device, larger than `MAX_FILE_BYTES`, not UTF-8."""
     if not isinstance(path, str | os.PathLike):  # Cluster.from_file(None) was a TypeError from Path()
         raise error(f"expected the path of a file, got {shown(path)}")
     p = Path(path)
@@ -71,18 +91,7 @@ def read_structured(path: str | Path, error: type[Exception]) -> Any:
         text = data.decode("utf-8-sig")  # an editor's byte-order mark is no reason to refuse a file
     except UnicodeDecodeError:
         raise error(f"{p}: not a UTF-8 text file (save it as UTF-8 YAML or JSON)") from None
-    try:
-        data = _parse_text(p, text, error)
-    except ValueError as e:  # Python converts at most 4,300 digits to an int, by default
-        if "integer string conversion" not in str(e):
-            raise
-        raise error(f"{p}: {_HUGE_INT}") from None
-    except RecursionError:  # both parsers recurse per level: [[[[...]]]] exhausts the stack
-        raise error(f"{p}: nested too deeply to read (spec, plan and workload files are a few levels "
-                    "deep; check the brackets)") from None
-    if _has_huge_int(data):
-        raise error(f"{p}: {_HUGE_INT}")
-    return data
+    return text
 
 
 def _read_regular_file(p: Path, error: type[Exception]) -> bytes:
