@@ -447,7 +447,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Suite
             raise SpantrainError(f"{flag} must be at least 1, got {value}")
     calibration = load_calibration(str(args.calibration))  # a bad file named by the flag, as in the CLI
     if args.fit:
-        _fit_names(calibration, args.fit)
+        _fit_names(calibration, args.fit, f"--calibration {args.calibration}")
     check_dir_option("--out", args.out, creatable=True)
     measured = suite = None
     if args.measurements:
@@ -516,7 +516,7 @@ def _measurements_problem(measured: dict[str, Any]) -> str | None:
     return None
 
 
-def _fit_names(calibration, names_arg: str) -> list[str]:
+def _fit_names(calibration, names_arg: str, source: str = "the calibration profile") -> list[str]:
     """--fit's constants, or `SpantrainError` naming those that are not numeric calibration constants."""
     import dataclasses
 
@@ -524,9 +524,16 @@ def _fit_names(calibration, names_arg: str) -> list[str]:
 
     known = {f.name for f in dataclasses.fields(calibration)}
     names = [n.strip() for n in names_arg.split(",") if n.strip()]
-    bad = [n for n in names if n not in known or not isinstance(getattr(calibration, n), float)]
+    # a constant the profile leaves unset (None: derived from the model) is numeric, but has no
+    # value to start the fit from: it was refused as "not numeric", which sent users looking for a typo
+    unset = [n for n in names if n in known and getattr(calibration, n) is None]
+    bad = [n for n in names if n not in known or (n not in unset and not isinstance(getattr(calibration, n), float))]
     if bad or not names:
         raise SpantrainError(f"--fit takes numeric calibration constants, not {', '.join(bad) or 'nothing'}")
+    if unset:
+        raise SpantrainError(f"--fit {', '.join(unset)}: unset in {source} (the cost model derives it from the "
+                             f"model), so the fit has no value to start from; set {' and '.join(unset)} in the "
+                             "profile, then fit")
     return names
 
 

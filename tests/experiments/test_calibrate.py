@@ -173,6 +173,23 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, e
     assert out == "" and err.count("\n") == 1 and err.startswith(f"calibrate: error: {expected}"), err
 
 
+def test_fitting_a_constant_the_profile_leaves_unset_says_so(tmp_path, capsys, monkeypatch):
+    # grad_bytes_per_param unset (None: the model's bytes per element) was refused as "not numeric",
+    # naming a problem it does not have
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("calibration:\n  op_overhead_flops: 4.4e+7\n")
+    monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured"))
+    args = ["--measurements", str(_stored_measurements(tmp_path)), "--calibration", str(profile), "--json",
+            "--no-track", "--out", str(tmp_path)]
+    assert calibrate.main([*args, "--fit", "grad_bytes_per_param"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"calibrate: error: --fit grad_bytes_per_param: unset in --calibration {profile} "
+                                 "(the cost model derives it from the model), so the fit has no value to start from; "
+                                 "set grad_bytes_per_param in the profile, then fit\n")
+    assert calibrate.main([*args, "--fit", "grad_bytes_per_param,sync_overlap"]) == 2  # the wrong name first
+    assert capsys.readouterr().err == "calibrate: error: --fit takes numeric calibration constants, not sync_overlap\n"
+
+
 _SUITE = {"model": "tiny-gpt", "cpus": 1.0, "steps": 9, "warmup": 3, "repeats": 3,
           "clusters": [{"spec": "two-region.yaml",
                         "plans": {"one": ["1f1b", "allreduce", 1, [[8, 4, [["east-0", 0, 8]]]]]}}],
