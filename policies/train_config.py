@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spantrain.errors import SpantrainError
+from spantrain.errors import SpantrainError, join_problems
 
 __all__ = ["TrainConfig", "ATTENTION_HEADS", "MAX_SEED", "MAX_WORKERS", "LIMITS"]
 
@@ -44,10 +44,14 @@ LIMITS: dict[str, tuple[int, str]] = {
 traceback or would not end (the CLI's --help shows the numbers)."""
 
 
-def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool]) -> None:
-    """A finite real number that passes `ok`, or an error naming the field, the rule and the value."""
+def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool], problems: list[str]) -> None:
+    """A finite real number that passes `ok`, or a problem naming the field, the rule and the value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise SpantrainError(f"TrainConfig.{name} must be a finite number {rule}, got {value!r}")
+        problems.append(f"TrainConfig.{name} must be a finite number {rule}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,75 +135,95 @@ class TrainConfig:
     """Free-form notes recorded with the run."""
 
     def __post_init__(self) -> None:
-        # Messages name a field ``TrainConfig.<field>``; `spantrain train-policy` shows its flag instead.
+        self.validate()
+
+    def validate(self) -> None:
+        """One `SpantrainError` naming every bad field at once (each fix took a run of its own).
+        Messages name a field ``TrainConfig.<field>``; `spantrain train-policy` shows its flag instead."""
+        problems = self.problems()
+        if problems:
+            raise SpantrainError(join_problems(problems))
+
+    def problems(self) -> list[str]:
+        """What is wrong with the fields, each a message; a rule between fields is checked only
+        once the fields it reads are valid (a bad n_steps says so, not also a bad rollout)."""
         from spantrain.cluster import MAX_DEVICES
 
+        problems: list[str] = []
+        ok: set[str] = set()  # integer fields whose own rules hold
         for name in ("timesteps", "start_kicks", "imitation_episodes"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise SpantrainError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
-        if self.timesteps == 0 and self.imitation_episodes == 0:
-            raise SpantrainError("TrainConfig.timesteps and TrainConfig.imitation_episodes are both 0: "
-                                 "nothing to train")
-        if self.init_policy is not None and (not isinstance(self.init_policy, str) or not self.init_policy):
-            raise SpantrainError(f"TrainConfig.init_policy must be a policy file path, got {self.init_policy!r}")
-        if self.init_policy and self.resume:
-            raise SpantrainError("TrainConfig.init_policy and TrainConfig.resume: a resumed run continues from its "
-                                 "own state; pass one of them")
-        if self.init_policy and self.timesteps == 0:
-            raise SpantrainError("TrainConfig.init_policy replaces imitation and TrainConfig.timesteps is 0: "
-                                 "nothing to train")
+            if not _is_int(v) or v < 0:
+                problems.append(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
+            else:
+                ok.add(name)
         positive = ("n_envs", "min_devices", "max_devices", "pool_size", "max_steps", "n_steps",
                     "batch_size", "n_epochs", "hidden", "layers", "eval_every", "eval_scenarios", "workers",
                     "imitation_rounds", "imitation_epochs")
         for name in positive:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpantrainError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+            if not _is_int(v) or v < 1:
+                problems.append(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+            else:
+                ok.add(name)
         for name, (most, why) in LIMITS.items():
-            if getattr(self, name) > most:
-                raise SpantrainError(f"TrainConfig.{name} must be at most {most} ({why}), got {getattr(self, name)}")
-        if self.workers > MAX_WORKERS:
-            raise SpantrainError(f"TrainConfig.workers must be at most {MAX_WORKERS} (each is a process with its own "
-                                 f"cost model; more than this machine's cores gains nothing), got {self.workers}")
+            if name in ok and getattr(self, name) > most:
+                problems.append(f"TrainConfig.{name} must be at most {most} ({why}), got {getattr(self, name)}")
+                ok.discard(name)
+        if "workers" in ok and self.workers > MAX_WORKERS:
+            problems.append(f"TrainConfig.workers must be at most {MAX_WORKERS} (each is a process with its own "
+                            f"cost model; more than this machine's cores gains nothing), got {self.workers}")
+        if {"timesteps", "imitation_episodes"} <= ok and self.timesteps == 0 and self.imitation_episodes == 0:
+            problems.append("TrainConfig.timesteps and TrainConfig.imitation_episodes are both 0: nothing to train")
+        if self.init_policy is not None and (not isinstance(self.init_policy, str) or not self.init_policy):
+            problems.append(f"TrainConfig.init_policy must be a policy file path, got {self.init_policy!r}")
+        if self.init_policy and self.resume:
+            problems.append("TrainConfig.init_policy and TrainConfig.resume: a resumed run continues from its own "
+                            "state; pass one of them")
+        if self.init_policy and "timesteps" in ok and self.timesteps == 0:
+            problems.append("TrainConfig.init_policy replaces imitation and TrainConfig.timesteps is 0: nothing to "
+                            "train")
         # PPO normalizes advantages over each minibatch: one sample normalizes to NaN, and the
         # NaN weights then end the run with a torch traceback after imitation
-        rollout = self.n_steps * self.n_envs
-        if rollout > MAX_ROLLOUT:
-            raise SpantrainError(f"TrainConfig.n_steps x TrainConfig.n_envs must be at most {MAX_ROLLOUT} (PPO keeps "
-                                 f"every step of a rollout in memory), got {self.n_steps} x {self.n_envs}")
-        if rollout < 2:
-            raise SpantrainError(f"TrainConfig.n_steps x TrainConfig.n_envs must be at least 2 (PPO's advantages "
-                                 f"over a one-step rollout are NaN), got {self.n_steps} x {self.n_envs}")
-        if self.batch_size < 2 or rollout % self.batch_size == 1:
-            raise SpantrainError(f"TrainConfig.batch_size {self.batch_size} leaves a minibatch of one sample from "
-                                 f"each rollout of TrainConfig.n_steps x TrainConfig.n_envs = {rollout} steps (its "
-                                 f"normalized advantages are NaN): pick a batch size of 2 or more that divides "
-                                 f"{rollout}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
-            raise SpantrainError(f"TrainConfig.seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
-        if self.hidden % ATTENTION_HEADS:
-            raise SpantrainError(f"TrainConfig.hidden must be a multiple of {ATTENTION_HEADS} (the encoder's "
-                                 f"attention heads), got {self.hidden}")
-        if self.max_devices > MAX_DEVICES:
-            raise SpantrainError(f"TrainConfig.max_devices must be at most {MAX_DEVICES} (the largest generated "
-                                 f"cluster), got {self.max_devices}")
-        if self.min_devices < 2:
-            raise SpantrainError(f"TrainConfig.min_devices must be at least 2, got {self.min_devices}")
-        if self.min_devices > self.max_devices:  # either may be the one the user gave
-            raise SpantrainError(f"TrainConfig.min_devices ({self.min_devices}) is above TrainConfig.max_devices "
-                                 f"({self.max_devices}): raise TrainConfig.max_devices or lower "
-                                 "TrainConfig.min_devices")
-        self._check_models()
-        _check_number("adapt_prob", self.adapt_prob, "in [0, 1]", lambda v: 0 <= v <= 1)
-        _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1)
+        if {"n_steps", "n_envs"} <= ok:
+            rollout = self.n_steps * self.n_envs
+            if rollout > MAX_ROLLOUT:
+                problems.append(f"TrainConfig.n_steps x TrainConfig.n_envs must be at most {MAX_ROLLOUT} (PPO keeps "
+                                f"every step of a rollout in memory), got {self.n_steps} x {self.n_envs}")
+            elif rollout < 2:
+                problems.append(f"TrainConfig.n_steps x TrainConfig.n_envs must be at least 2 (PPO's advantages "
+                                f"over a one-step rollout are NaN), got {self.n_steps} x {self.n_envs}")
+            elif "batch_size" in ok and (self.batch_size < 2 or rollout % self.batch_size == 1):
+                problems.append(f"TrainConfig.batch_size {self.batch_size} leaves a minibatch of one sample from "
+                                f"each rollout of TrainConfig.n_steps x TrainConfig.n_envs = {rollout} steps (its "
+                                f"normalized advantages are NaN): pick a batch size of 2 or more that divides "
+                                f"{rollout}")
+        if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"TrainConfig.seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
+        if "hidden" in ok and self.hidden % ATTENTION_HEADS:
+            problems.append(f"TrainConfig.hidden must be a multiple of {ATTENTION_HEADS} (the encoder's attention "
+                            f"heads), got {self.hidden}")
+        if "max_devices" in ok and self.max_devices > MAX_DEVICES:
+            problems.append(f"TrainConfig.max_devices must be at most {MAX_DEVICES} (the largest generated "
+                            f"cluster), got {self.max_devices}")
+            ok.discard("max_devices")
+        if "min_devices" in ok and self.min_devices < 2:
+            problems.append(f"TrainConfig.min_devices must be at least 2, got {self.min_devices}")
+        elif {"min_devices", "max_devices"} <= ok and self.min_devices > self.max_devices:
+            # either may be the one the user gave
+            problems.append(f"TrainConfig.min_devices ({self.min_devices}) is above TrainConfig.max_devices "
+                            f"({self.max_devices}): raise TrainConfig.max_devices or lower TrainConfig.min_devices")
+        self._check_models(problems)
+        _check_number("adapt_prob", self.adapt_prob, "in [0, 1]", lambda v: 0 <= v <= 1, problems)
+        _check_number("gamma", self.gamma, "in (0, 1]", lambda v: 0 < v <= 1, problems)
         # Adam steps of more than 1 blow PPO's logits up to NaN within an update or two
-        _check_number("learning_rate", self.learning_rate, "in (0, 1]", lambda v: 0 < v <= 1)
-        _check_number("ent_coef", self.ent_coef, "in [0, 1]", lambda v: 0 <= v <= 1)
+        _check_number("learning_rate", self.learning_rate, "in (0, 1]", lambda v: 0 < v <= 1, problems)
+        _check_number("ent_coef", self.ent_coef, "in [0, 1]", lambda v: 0 <= v <= 1, problems)
         for name in ("out_dir", "cache_dir"):
             # "" is the current directory to pathlib: a run's files all over it, or the user cache
             if getattr(self, name) == "":
-                raise SpantrainError(f"TrainConfig.{name} is empty: pass a directory")
+                problems.append(f"TrainConfig.{name} is empty: pass a directory")
+        return problems
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
@@ -212,18 +236,17 @@ class TrainConfig:
         return cls(**{k: tuple(v) if isinstance(fields[k].default, tuple) and isinstance(v, list) else v
                       for k, v in values.items()})
 
-    def _check_models(self) -> None:
+    def _check_models(self, problems: list[str]) -> None:
         from spantrain.workload import PRESETS
 
-        if isinstance(self.models, str):
-            raise SpantrainError(f"TrainConfig.models must be a tuple of preset names ({', '.join(PRESETS)}), "
-                                 f"got the string {self.models!r}")
-        if not self.models:
-            raise SpantrainError(f"TrainConfig.models is empty: name at least one preset ({', '.join(PRESETS)})")
-        unknown = [m for m in self.models if m not in PRESETS]
-        if unknown:
-            raise SpantrainError(f"TrainConfig.models: {', '.join(unknown)}: training draws its workloads from "
-                                 f"presets only ({', '.join(PRESETS)}), not workload files or other names")
+        if isinstance(self.models, str) or not isinstance(self.models, tuple | list):
+            problems.append(f"TrainConfig.models must be a tuple of preset names ({', '.join(PRESETS)}), got "
+                            f"{'the string ' if isinstance(self.models, str) else ''}{self.models!r}")
+        elif not self.models:
+            problems.append(f"TrainConfig.models is empty: name at least one preset ({', '.join(PRESETS)})")
+        elif unknown := [m for m in self.models if m not in PRESETS]:
+            problems.append(f"TrainConfig.models: {', '.join(map(str, unknown))}: training draws its workloads from "
+                            f"presets only ({', '.join(PRESETS)}), not workload files or other names")
 
     def env_config(self):
         """The training environment's `EnvConfig`."""

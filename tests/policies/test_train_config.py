@@ -9,6 +9,7 @@ import pytest
 
 from spantrain.errors import SpantrainError
 from spantrain.policies.train_config import LIMITS, TrainConfig
+from spantrain.workload import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -412,3 +413,34 @@ def test_a_stop_inside_a_compiled_kernels_first_call_stops_the_run_as_any_stop(r
     code, _, err = run_cli("train-policy", *TINY, "--imitation-episodes",
                              "0", "--no-track", "--out-dir", tmp_path / "run", "--cache-dir", tmp_path / "cache")
     assert code == 130 and "Traceback" not in err and "interrupted by SIGHUP during PPO step" in err, err
+
+
+def test_every_bad_field_is_named_at_once():
+    # it stopped at the first: fixing a config took a run per field
+    with pytest.raises(SpantrainError) as e:
+        TrainConfig(n_envs=0, hidden=30, seed=-1, gamma=2.0, models=5, out_dir="")
+    assert str(e.value) == ("TrainConfig.n_envs must be a positive integer, got 0; "
+                            "TrainConfig.seed must be an integer from 0 to 4294967295, got -1; "
+                            "TrainConfig.hidden must be a multiple of 4 (the encoder's attention heads), got 30; "
+                            "TrainConfig.models must be a tuple of preset names (" + ", ".join(PRESETS) + "), got 5; "
+                            "TrainConfig.gamma must be a finite number in (0, 1], got 2.0; "
+                            "TrainConfig.out_dir is empty: pass a directory")
+    # a rule between fields is left out while a field it reads is bad: n_envs=0 says so, not also the rollout
+    assert TrainConfig(n_steps=2, n_envs=1, batch_size=2).problems() == []
+    assert [p.split(" ")[0] for p in TrainConfig.problems(_unchecked(n_steps=1, n_envs=0, batch_size=1))] == [
+        "TrainConfig.n_envs"]
+
+
+def _unchecked(**fields):
+    """A TrainConfig whose fields are set without validation (to call `problems` on bad ones)."""
+    config = TrainConfig()
+    for name, value in fields.items():
+        object.__setattr__(config, name, value)  # frozen
+    return config
+
+
+def test_train_policy_names_every_bad_flag_at_once(run_cli):
+    code, out, err = run_cli("train-policy", "--no-track", "--n-envs", "0", "--seed", "5000000000", "--gamma", "2")
+    assert code == 2 and out == ""
+    assert err == ("spantrain train-policy: error: --n-envs must be a positive integer, got 0; --seed must be an "
+                   "integer from 0 to 4294967295, got 5000000000; --gamma must be a finite number in (0, 1], got 2.0\n")
