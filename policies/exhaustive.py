@@ -83,12 +83,14 @@ class ExhaustiveConfig:
     """Largest cluster accepted (the search grows super-exponentially)."""
 
     def __post_init__(self) -> None:
+        problems = []  # every one at once
         if not isinstance(self.allow_local_sgd, bool):
-            raise PlannerError(f"exhaustive: allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
+            problems.append(f"allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
         if isinstance(self.max_devices, bool) or not isinstance(self.max_devices, int) or not \
                 1 <= self.max_devices <= MAX_DEVICES:
-            raise PlannerError(f"exhaustive: max_devices must be an integer from 1 to {MAX_DEVICES}, "
-                               f"got {self.max_devices!r}")
+            problems.append(f"max_devices must be an integer from 1 to {MAX_DEVICES}, got {self.max_devices!r}")
+        if problems:
+            raise PlannerError("exhaustive: " + "; ".join(problems))
 
 
 def _words(counts: list[int]) -> dict[tuple[int, ...], list[tuple[int, ...]]]:

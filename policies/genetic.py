@@ -33,6 +33,7 @@ from spantrain.env.evaluator import MICRO_BATCH_SIZES, Candidate, Evaluator, Kno
 from spantrain.errors import PlannerError
 from spantrain.plan import SCHEDULES, Plan
 from spantrain.policies.feasibility import fits_nowhere, no_fit_error
+from spantrain.policies.train_config import MAX_SEED
 from spantrain.workload import Workload
 
 __all__ = ["GeneticConfig", "GeneticPlanner", "MAX_BUDGET_S"]
@@ -57,19 +58,22 @@ class GeneticConfig:
     """Stop after this many generations even with budget left (None: only the budget)."""
 
     def __post_init__(self) -> None:
+        # every problem at once, as the other configs; a seed of -1 was numpy's ValueError mid-plan
+        problems = []
         if isinstance(self.budget_s, bool) or not isinstance(self.budget_s, (int, float)) or \
                 not (0 < self.budget_s <= MAX_BUDGET_S):
-            raise PlannerError(f"ga: budget_s must be a number of seconds in (0, {MAX_BUDGET_S:g}], "
-                               f"got {self.budget_s!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise PlannerError(f"ga: seed must be an integer, got {self.seed!r}")
+            problems.append(f"budget_s must be a number of seconds in (0, {MAX_BUDGET_S:g}], got {self.budget_s!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         if isinstance(self.population, bool) or not isinstance(self.population, int) or self.population < 4:
-            raise PlannerError(f"ga: population must be an integer >= 4, got {self.population!r}")
+            problems.append(f"population must be an integer >= 4, got {self.population!r}")
         if not isinstance(self.allow_local_sgd, bool):
-            raise PlannerError(f"ga: allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
+            problems.append(f"allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
         g = self.max_generations
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
-            raise PlannerError(f"ga: max_generations must be a positive integer or None, got {g!r}")
+            problems.append(f"max_generations must be a positive integer or None, got {g!r}")
+        if problems:
+            raise PlannerError("ga: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)

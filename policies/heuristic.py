@@ -147,12 +147,15 @@ class HeuristicConfig:
     """Best screened moves per round whose pipeline count is re-picked by a full scan."""
 
     def __post_init__(self) -> None:
+        problems = []  # every one at once
         if not isinstance(self.allow_local_sgd, bool):
-            raise PlannerError(f"heuristic: allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
+            problems.append(f"allow_local_sgd must be true or false, got {self.allow_local_sgd!r}")
         for name in ("tune_top", "units_per_round", "max_rounds", "repick"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise PlannerError(f"heuristic: {name} must be a positive integer, got {v!r}")
+                problems.append(f"{name} must be a positive integer, got {v!r}")
+        if problems:
+            raise PlannerError("heuristic: " + "; ".join(problems))
 
 
 _PROBE = Knobs(micro_batch_size=1, schedule="1f1b", sync="hierarchical")

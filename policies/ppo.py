@@ -41,6 +41,7 @@ from spantrain.errors import PlannerError, PolicyError, SpantrainError
 from spantrain.plan import Plan
 from spantrain.planner import gc_paused
 from spantrain.policies.cuts import refine_cuts
+from spantrain.policies.train_config import MAX_SEED
 from spantrain.workload import Workload
 
 __all__ = ["PPOConfig", "PPOPlanner", "AutoPlanner", "SHIPPED_POLICY", "MAX_POLICY_DEVICES", "load_policy",
@@ -202,8 +203,9 @@ class PPOConfig:
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):
             problems.append(f"steps must be a positive integer, got {self.steps!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            problems.append(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            # 2**70 was torch's "Overflow when unpacking long long" mid-plan
+            problems.append(f"seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         if problems:
             raise SpantrainError("ppo: " + "; ".join(problems))
 

@@ -9,7 +9,7 @@ import pytest
 from policy_helpers import region_cluster
 
 from spantrain.env.costmodel import CostModel
-from spantrain.errors import PlannerError
+from spantrain.errors import PlannerError, SpantrainError
 from spantrain.policies.compare import run_planner
 from spantrain.policies.registry import available_planners, get_planner
 from spantrain.profiler.topology import generate
@@ -234,6 +234,25 @@ def test_local_sgd_only_when_allowed():
 def test_bad_options_name_the_field(name, options, field):
     with pytest.raises(PlannerError, match=field):
         get_planner(name, **options)
+
+
+@pytest.mark.parametrize("name, options, message", [
+    # numpy's "expected non-negative integer" mid-plan, and torch's "Overflow when unpacking long long"
+    ("ga", {"seed": -1}, "ga: seed must be an integer from 0 to 4294967295, got -1"),
+    ("ppo", {"seed": 2**70}, f"ppo: seed must be an integer from 0 to 4294967295, got {2**70}"),
+    # every bad option at once, not the first alone
+    ("ga", {"budget_s": 0, "seed": -1, "population": 2}, "ga: budget_s must be a number of seconds in (0, 86400], "
+                                                         "got 0; seed must be an integer from 0 to 4294967295, got -1; "
+                                                         "population must be an integer >= 4, got 2"),
+    ("heuristic", {"allow_local_sgd": "yes", "repick": 0}, "heuristic: allow_local_sgd must be true or false, got "
+                                                           "'yes'; repick must be a positive integer, got 0"),
+    ("exhaustive", {"allow_local_sgd": 1, "max_devices": 0}, "exhaustive: allow_local_sgd must be true or false, got "
+                                                             "1; max_devices must be an integer from 1 to 8, got 0"),
+])
+def test_bad_seeds_are_refused_and_every_bad_option_named(name, options, message):
+    with pytest.raises(SpantrainError) as err:
+        get_planner(name, **options)
+    assert str(err.value) == message
 
 
 def test_heuristic_search_runs_without_garbage_collections(monkeypatch):
