@@ -9,11 +9,12 @@ the kernels itself instead (15-30 s on 2 cores), with one note naming the fix.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from numba import njit
+
+from spantrain._say import note
 
 __all__ = ["cached_njit"]
 
@@ -30,7 +31,7 @@ def cached_njit(func: Callable[..., Any]) -> Callable[..., Any]:
             raise
     if not _noted:
         _noted = True
-        print("spantrain: note: numba cannot cache the cost model's compiled kernels (no writable directory "
-              "beside them or in ~/.cache), so every command compiles them first (15-30 s on 2 cores): set "
-              "NUMBA_CACHE_DIR to a directory you can write", file=sys.stderr)
+        note("numba cannot cache the cost model's compiled kernels (no writable directory beside them or in "
+             "~/.cache), so every command compiles them first (15-30 s on 2 cores): set NUMBA_CACHE_DIR to a "
+             "directory you can write")
     return njit(func)

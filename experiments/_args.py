@@ -28,12 +28,14 @@ def run_script(main: Callable[[], int], script: str) -> int:
     code 2; Ctrl-C, SIGTERM or SIGHUP in one line and code 130, as `spantrain` does (a traceback
     otherwise; SIGTERM left the scripts' temporary directories behind, since no `finally` ran)."""
     from spantrain._interrupt import SignalsHeld
+    from spantrain._say import saying_as
     from spantrain.errors import SpantrainError
     from spantrain.runtime import stop_signals
 
     old = stop_signals.install()
     try:
-        return main()
+        with saying_as(script):  # its notes as its errors: ``SCRIPT: note: ...``
+            return main()
     except SpantrainError as e:
         return bad_input(script, e)
     except KeyboardInterrupt as e:

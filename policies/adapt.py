@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
+from spantrain._say import warn
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs
@@ -178,6 +178,6 @@ def _loads(ppo) -> bool:
     try:
         ppo.prepare()
     except PolicyError as e:
-        print(f"spantrain: warning: {e}; adapting without the policy", file=sys.stderr)
+        warn(f"{e}; adapting without the policy")
         return False
     return True

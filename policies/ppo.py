@@ -25,7 +25,6 @@ import contextlib
 import errno
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from spantrain._say import note, warn
 from spantrain._spec import shown
 from spantrain.cluster import Cluster
 from spantrain.env.calibration import Calibration
@@ -229,8 +229,7 @@ def past_policy_size(devices: int, doing: str) -> bool:
     saying so: a note, not the warning of a policy that failed."""
     if devices <= MAX_POLICY_DEVICES:
         return False
-    print(f"spantrain: note: {devices:,} devices, more than the policy plans ({MAX_POLICY_DEVICES:,}): {doing}",
-          file=sys.stderr)
+    note(f"{devices:,} devices, more than the policy plans ({MAX_POLICY_DEVICES:,}): {doing}")
     return True
 
 
@@ -395,7 +394,7 @@ class AutoPlanner:
         except PolicyError as e:
             if self.ppo.config.policy:  # the fallback is for the shipped policy, not a file the user named
                 raise
-            print(f"spantrain: warning: {e}; using the heuristic plan", file=sys.stderr)
+            warn(f"{e}; using the heuristic plan")
             self.stats = {"chosen": "heuristic", "fallback": str(e)}
             return heuristic
         chosen = learned if learned.time < heuristic.time else heuristic

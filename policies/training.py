@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from spantrain._interrupt import SignalsHeld
+from spantrain._say import note
 from spantrain.env.plan_env import EnvConfig, PlanEnv, Scenario, scenario_pool, scenario_workload
 from spantrain.errors import DiskFull, SpantrainError
 from spantrain.policies.train_config import TrainConfig
@@ -295,9 +296,9 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
               + (f", W&B run {resumed.wandb_id}" if tracker.run_id and tracker.run_id == resumed.wandb_id else ""),
               file=sys.stderr)
         if config.timesteps <= resumed.num_timesteps:  # (a finished run was refused: nothing would change)
-            print(f"train-policy: note: --timesteps {config.timesteps:,} is not above the {resumed.num_timesteps:,} "
-                  "steps the run has trained, so no PPO step follows: this finishes the run as it is (final "
-                  "evaluation and policy files); pass --timesteps above that to train it further", file=sys.stderr)
+            note(f"--timesteps {config.timesteps:,} is not above the {resumed.num_timesteps:,} steps the run has "
+                 "trained, so no PPO step follows: this finishes the run as it is (final evaluation and policy "
+                 "files); pass --timesteps above that to train it further")
     if wandb_run:  # wandb itself is silenced: say where to follow the run
         print(f"train-policy: W&B run {wandb_run}", file=sys.stderr)
     # PPO's own diagnostics (losses, KL, clip fraction, fps) go to W&B; SB3's default

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["say", "stderr_reader_may_leave"]
+__all__ = ["say", "note", "warn", "saying_as", "stderr_reader_may_leave"]
 
 
 def say(line: str) -> None:
@@ -24,6 +24,33 @@ def say(line: str) -> None:
         return
     sys.stderr.write(f"{prefix}{line}\n")
     sys.stderr.flush()
+
+
+_speaker = "spantrain"
+"""Who `note` and `warn` say they are: ``spantrain CMD`` while `spantrain.cli.main` runs a
+command, a script's name while `run_script` runs it (code shared by several commands, a
+planner or the tracker, cannot tell which one it serves)."""
+
+
+def note(text: str) -> None:
+    """``spantrain CMD: note: text``: something the user should know; the command goes on."""
+    say(f"{_speaker}: note: {text}")
+
+
+def warn(text: str) -> None:
+    """``spantrain CMD: warning: text``: something went wrong; the command goes on without it."""
+    say(f"{_speaker}: warning: {text}")
+
+
+@contextlib.contextmanager
+def saying_as(speaker: str) -> Iterator[None]:
+    """Within, `note` and `warn` name `speaker` (``spantrain plan``); the one before after."""
+    global _speaker
+    before, _speaker = _speaker, speaker
+    try:
+        yield
+    finally:
+        _speaker = before
 
 
 def _first_to_say(line: str) -> bool:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from spantrain._say import note
 from spantrain.errors import SpantrainError
 
 __all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
@@ -224,7 +225,7 @@ class Tracker:
             self.run = init("offline")
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")
-            print(f"spantrain: note: {self.note}", file=sys.stderr)
+            note(self.note)
         self._follow_steps(out, name, config)
 
     def _follow_steps(self, out: Path, name: str | None, config: dict[str, Any] | None) -> None:

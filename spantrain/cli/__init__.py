@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from spantrain._interrupt import INTERRUPTED, QUIET_INTERRUPT_ENV, command_starts
 from spantrain._say import say as _say
-from spantrain._say import stderr_reader_may_leave
+from spantrain._say import saying_as, stderr_reader_may_leave
 from spantrain.errors import SpantrainError
 
 __all__ = ["main", "build_parser", "COMMANDS", "OneLineParser"]
@@ -132,7 +132,8 @@ def _main(argv: Sequence[str] | None) -> int:
     command_starts(args.command,
                    handles_ctrl_c=args.command not in QUIT_ON_CTRL_C and not os.environ.get(QUIET_INTERRUPT_ENV))
     try:
-        return int(args.func(args) or 0)
+        with saying_as(f"spantrain {args.command}"):
+            return int(args.func(args) or 0)
     except SpantrainError as e:
         _say(f"spantrain {args.command}: error: {e}")
         return e.exit_code

@@ -95,10 +95,10 @@ def load_plan(path: str, cluster, workload, global_batch: int | None = None):
                             "(spantrain plan -o)") from None
         raise PlanError(f"plan {path}: {e}") from None
     if other is not None:
-        from spantrain._say import say
+        from spantrain._say import note
 
-        say(f"spantrain: note: plan {path} was made for model {other}, and is used for {workload.name} here: its "
-            f"layer split and memory fit were worked out for {other}'s layers")
+        note(f"plan {path} was made for model {other}, and is used for {workload.name} here: its layer split and "
+             f"memory fit were worked out for {other}'s layers")
     if global_batch is not None and plan.batch != global_batch:
         raise PlanError(f"--global-batch {global_batch} but plan {path} trains {plan.batch} samples per iteration "
                         f"(pass --global-batch {plan.batch}, or leave it out)")

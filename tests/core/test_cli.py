@@ -220,6 +220,28 @@ def test_an_output_path_gone_by_the_time_it_is_written_is_a_one_line_error(run_c
     _one_line_error(code, stdout, err, f"spantrain plan: error: cannot save the plan to {tmp_path}: it is a directory")
 
 
+def test_notes_and_warnings_name_the_command_that_says_them(run_cli, capsys, monkeypatch):
+    # code shared by commands said "spantrain: note:", "train-policy: note:" or "spantrain: warning:",
+    # where the command's own lines say "spantrain plan: note:"
+    from spantrain._say import note, saying_as, warn
+    from spantrain.experiments._args import run_script
+    from spantrain.policies import ppo
+
+    note("as a library")
+    with saying_as("spantrain plan"):
+        note("within a command")
+        warn("gone wrong")
+    note("after it")
+    assert capsys.readouterr().err.splitlines() == ["spantrain: note: as a library",
+                                                    "spantrain plan: note: within a command",
+                                                    "spantrain plan: warning: gone wrong", "spantrain: note: after it"]
+    monkeypatch.setattr(ppo, "MAX_POLICY_DEVICES", 2)
+    code, _, err = run_cli("plan", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--model", "tiny-gpt")
+    assert code == 0 and "spantrain plan: note: 6 devices, more than the policy plans (2): " in err, err
+    assert run_script(lambda: note("from a script") or 0, "calibrate") == 0
+    assert capsys.readouterr().err == "calibrate: note: from a script\n"  # as its errors: "calibrate: error:"
+
+
 def test_output_into_a_pipe_or_symlink_writes_what_it_names(run_cli, tmp_path):
     # -o renamed a new file over the path: a FIFO (as /dev/null, /dev/stdout) became a regular
     # file, which for root running `-o /dev/null` replaced the device; a symlink lost its target

@@ -119,7 +119,7 @@ def test_a_plan_made_for_another_model_says_which(files, run_cli):
     assert code == 2 and "running plan" in err and "made for model gpt2-medium (26 layers), not gpt2-small" in err
     # as many layers: it runs, with a note; a plan that names no model gets none
     code, _, err = run_cli("simulate", "-c", cluster, "-m", "bert-large", "-p", named)
-    assert code == 0 and (f"spantrain: note: plan {named} was made for model gpt2-medium, and is used for "
+    assert code == 0 and (f"spantrain simulate: note: plan {named} was made for model gpt2-medium, and is used for "
                           "bert-large here") in err
     code, _, err = run_cli("simulate", "-c", cluster, "-m", "bert-large", "-p", plan)
     assert code == 0 and "made for" not in err

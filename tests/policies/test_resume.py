@@ -238,8 +238,8 @@ def test_ctrl_c_during_an_update_keeps_the_state_of_the_update_before(run_cli, t
     monkeypatch.setattr(MaskablePPO, "train", real_train)
     code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "40", "--no-track")
     assert code == 0, err
-    assert ("note: --timesteps 40 is not above the 48 steps the run has trained, so no PPO step follows: this "
-            "finishes the run as it is") in err, err
+    assert ("spantrain train-policy: note: --timesteps 40 is not above the 48 steps the run has trained, so no "
+            "PPO step follows: this finishes the run as it is") in err, err
     assert ResumeState.from_dir(run).finished and (run / "summary.json").exists()
 
 
