@@ -134,6 +134,7 @@ def load_suite(path: Path = SUITE, quick: bool = False) -> Suite:
 
     from spantrain.errors import SpantrainError
 
+    _refuse_pipes(path, str(path))
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -470,6 +471,7 @@ def _load_measurements(path: Path) -> dict[str, Any]:
     """The measurements stored in a previous run's JSON (--measurements), or `SpantrainError`."""
     from spantrain.errors import SpantrainError
 
+    _refuse_pipes(path, f"--measurements {path}")
     try:
         measured = json.loads(path.read_text())["measurements"]
     except OSError as e:
@@ -484,6 +486,22 @@ def _load_measurements(path: Path) -> dict[str, Any]:
     if problem:  # a trimmed or hand-made file ended in a KeyError or ZeroDivisionError traceback
         raise SpantrainError(f"--measurements {path}: {problem}; pass a calibration.json this script wrote")
     return measured
+
+
+def _refuse_pipes(path: Path, shown: str) -> None:
+    """`SpantrainError` (naming the file as `shown`) for a pipe or device given as a file: reading
+    a FIFO waited for a writer forever."""
+    import stat
+
+    from spantrain.errors import SpantrainError
+
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:  # missing or unreadable: the read says so
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise SpantrainError(f"{shown}: is a pipe or device, not a regular file; save what it gives to a file and "
+                             "pass that file's path")
 
 
 def _measurements_problem(measured: dict[str, Any]) -> str | None:

@@ -158,12 +158,18 @@ def test_stored_measurements_are_re_predicted_without_running(tmp_path, capsys):
                        "of its longest local-SGD period), got 3"),
     (["--suite", "OTHER"], "--suite OTHER: not a calibration suite (missing 'clusters')"),
     (["--suite", "MISSING"], "--suite MISSING: No such file or directory"),
+    # a FIFO waited for a writer forever
+    (["--suite", "FIFO"], "--suite FIFO: is a pipe or device, not a regular file; save what it gives to a file"),
+    (["--measurements", "FIFO"], "--measurements FIFO: is a pipe or device, not a regular file;"),
     (["--calibration", "MISSING"], "--calibration MISSING: no such file, nor a shipped profile"),  # named no flag
 ])
+@pytest.mark.timeout(120)  # a FIFO read waits forever
 def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, extra, expected):
     places = {"MISSING": tmp_path / "missing.json", "TMP": tmp_path, "OTHER": tmp_path / "other.json",
               "STORED": _stored_measurements(tmp_path)}
     places["OTHER"].write_text("{}")
+    places["FIFO"] = tmp_path / "fifo.yaml"
+    os.mkfifo(places["FIFO"])
     monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured"))
     args = [str(places.get(x, x)) for x in extra]
     assert calibrate.main([*args, "--json", "--no-track", *([] if "--out" in args else ["--out", str(tmp_path)])]) == 2
