@@ -259,11 +259,11 @@ def save_text(path: Any, text: str, error: type[Exception], what: str, example: 
     except ValueError:  # a NUL in the path
         raise error(f"cannot save the {what} to {shown(str(path))}: not a valid path; pass a file path such as "
                     f"{example}") from None
-    # /proc, a read-only mount, no permission: said as such (a write into /proc failed as a full disk)
+    # /proc, a read-only mount, no permission: said as such (a write into /proc failed as a full disk).
+    # A disk nearly full is tried: the file may fit, and if not it is DiskFull, a run's own failure
     reason = None if p.exists() and not p.is_file() else cannot_write_in(Path(os.path.realpath(p)).parent)
-    if reason:
-        fix = "free some space, or pass" if reason.startswith(DISK_FULL) else "pass"
-        raise error(f"cannot save the {what} to {p}: cannot create a file in {p.parent} ({reason}); {fix} a path in "
+    if reason and not reason.startswith(DISK_FULL):
+        raise error(f"cannot save the {what} to {p}: cannot create a file in {p.parent} ({reason}); pass a path in "
                     "a directory this user can write")
     try:
         write_text_atomic(p, text)
