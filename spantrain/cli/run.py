@@ -584,8 +584,11 @@ def _run(args: argparse.Namespace) -> int:
         # split one run's records over many)
         args.run_dir = str(own[0])
         _note(f"continuing in the run directory of the checkpoint's run, {args.run_dir} (--run-dir to choose another)")
+        # refused now, as when given: on a full disk the workers failed at once, naming --resume as the fix
+        check_dir_option("--run-dir", args.run_dir, full=True)
         if not args.metrics and own[1] is not None and own[1].is_file():
             args.metrics = str(own[1])  # it wrote its metrics elsewhere (--metrics): they go on there
+            check_dir_option("--metrics", own[1].parent, full=True)
     run_dir = Path(args.run_dir or _default_run_dir(torchrun)).resolve()
     if args.resume and not torchrun:
         _check_not_another_jobs(run_dir, state)

@@ -432,6 +432,22 @@ def test_a_full_run_directory_is_refused_up_front(tmp_path, small_disk):
                     "is full: 16 KB free); free some space, or pass a directory on another disk"), line
 
 
+def test_a_resume_into_its_runs_directory_on_a_full_disk_is_refused_up_front(tmp_path, small_disk):
+    # the run directory a --resume continues in (not passed as --run-dir) went unchecked: the workers
+    # failed at once, exit 1, "continue with --resume", which failed the same way
+    one = plan("1f1b", "allreduce", [(2, 2, [("a-0", 0, 6)])])
+    ckpt = tmp_path / "ckpt"
+    code, _, err = spantrain_here(*_run_args(tmp_path, one, "--steps", "1", "--run-dir", str(small_disk / "run"),
+                                             "--checkpoint-dir", str(ckpt)))
+    assert code == 0, err
+    _fill(small_disk, 16)
+    line = _one_error_line(*spantrain_here(*_run_args(tmp_path, one, "--steps", "2", "--checkpoint-dir", str(ckpt),
+                                                      "--resume")))
+    assert line == (f"spantrain run: error: --run-dir {small_disk / 'run'}: cannot write in '{small_disk / 'run'}' "
+                    "(its disk is full: 16 KB free); free some space, or pass a directory on another disk"), line
+    assert (ckpt / "latest").read_text().strip() == "step-00000001"
+
+
 @pytest.mark.slow
 def test_a_run_directory_that_fills_up_stops_the_run_with_a_checkpoint_and_says_so(tmp_path, small_disk):
     # it failed with "exited with code 1 after iteration 8; ... no checkpoint was written", though the
