@@ -52,12 +52,35 @@ def warmup_steps(n: int) -> int:
     return min(2, n // 2)
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians after warm-up, first and last loss, over the step records of one run."""
+def period_means(records: list[dict[str, Any]], period: int) -> list[dict[str, Any]]:
+    """The records of whole sync periods (local SGD: the iterations whose step, 1-based, is a multiple
+    of `period` sync), each period as one record of its iterations' mean step_s, samples_per_s and
+    cpu_s; the records themselves when `period` is 1 or no period is whole. One iteration in `period`
+    pays for the sync: the median of single iterations was the fast ones' or the syncing ones' by the
+    count's parity (0.25 or 2.3 s over a 2-period run alternating the two)."""
+    if period <= 1:
+        return records
+    out, block = [], []
+    for r in records:
+        if block and r["step"] != block[-1]["step"] + 1:  # a gap: not one period
+            block = []
+        block.append(r)
+        if r["step"] % period == 0:
+            if len(block) == period:
+                mean = {k: statistics.fmean(b[k] for b in block) for k in ("step_s", "samples_per_s", "cpu_s")
+                        if all(k in b for b in block)}
+                out.append({**r, **mean})
+            block = []
+    return out or records
+
+
+def summarize(records: list[dict[str, Any]], period: int = 1) -> dict[str, Any]:
+    """Medians after warm-up, first and last loss, over the step records of one run; with a local-SGD
+    sync `period`, medians of whole periods' means (`period_means`)."""
     if not records:
         return {"steps": 0, "samples_per_s": None, "step_s": None, "cpu_s": None, "loss_first": None,
                 "loss_last": None}
-    steady = records[warmup_steps(len(records)):]
+    steady = period_means(records[warmup_steps(len(records)):], period)
     step_s = statistics.median(r["step_s"] for r in steady)
     batches = {r.get("samples") for r in steady}
     # one batch: batch / median seconds, so the two figures a report prints agree (over an even
@@ -76,8 +99,12 @@ class DriftWatch:
     """Tells when iterations have become `factor` times slower than at the start (module docstring)."""
 
     def __init__(self, factor: float = DRIFT_FACTOR, window: int = DRIFT_WINDOW, warmup: int = 2,
-                 expected: float | None = None):
+                 expected: float | None = None, period: int = 1):
         self.factor, self.window, self.warmup = factor, window, warmup
+        self.period = period
+        """Local SGD's sync period: the watch compares whole periods' mean iteration times, since
+        one iteration in a period syncs (single iterations alternating fast and slow read as drift)."""
+        self._block: list[tuple[int, float]] = []
         self.expected = expected
         """The cost model's seconds per iteration, when they hold against this run's."""
         self.baseline: float | None = None
@@ -92,11 +119,22 @@ class DriftWatch:
         """The seconds the last reported slowdown is relative to."""
         return self.expected if self.reference_name == "prediction" else self.baseline
 
-    def add(self, step_s: float) -> float | None:
-        """Record one iteration's seconds; the slowdown when it crosses the next report level, else None."""
+    def add(self, step_s: float, step: int | None = None) -> float | None:
+        """Record one iteration's seconds (`step`: its 1-based number, needed with a sync period);
+        the slowdown when it crosses the next report level, else None."""
         self._seen += 1
         if self._seen <= self.warmup:
             return None
+        if self.period > 1 and step is not None:
+            if self._block and step != self._block[-1][0] + 1:
+                self._block = []
+            self._block.append((step, step_s))
+            if step % self.period:
+                return None
+            block, self._block = self._block, []
+            if len(block) < self.period:  # cut by the warm-up: not a whole period
+                return None
+            step_s = statistics.fmean(t for _, t in block)
         self._recent.append(step_s)
         if self.baseline is None:
             if len(self._recent) == self.window:
@@ -121,13 +159,15 @@ def drift_message(event: dict[str, Any], cluster_file: str | None = None, measur
     follows; `measuring`: the run measures its links in-band on drift (``--measure-links``), after
     the iteration after the drifting one, which asks for it, unless that one is `last_step`, the run's last."""
     measuring = measuring and (last_step is None or event["step"] < last_step - 1)
+    period = event.get("sync_period", 1)
+    over = f"the last {DRIFT_WINDOW}" + (f" sync periods of {period} iterations" if period > 1 else "")
     if event.get("reference") == "prediction":
         what = (f"iterations are {event['slowdown']:.1f}x slower than the cost model predicts for this plan "
-                f"(median {event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, predicted "
+                f"(median {event['recent_step_s']:.3g} s over {over}, predicted "
                 f"{event['baseline_step_s']:.3g} s; iteration {event['step']})")
     else:
         what = (f"iterations are {event['slowdown']:.1f}x slower than at the start of this plan (median "
-                f"{event['recent_step_s']:.3g} s over the last {DRIFT_WINDOW}, was "
+                f"{event['recent_step_s']:.3g} s over {over}, was "
                 f"{event['baseline_step_s']:.3g} s; iteration {event['step']})")
     if measuring:
         return what + ": measuring the plan's links after the next iteration"
@@ -206,7 +246,7 @@ class MetricsLog:
 
     def __init__(self, path: str | Path, tracker: Any | None = None,
                  announce: Callable[[str], None] | None = None, predicted_step_s: float | None = None,
-                 prediction_holds: bool = False):
+                 prediction_holds: bool = False, sync_period: int = 1):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")  # noqa: SIM115 -- appended to for the whole run, closed by close()
@@ -214,7 +254,9 @@ class MetricsLog:
             self._file.write("\n")
         self.tracker = tracker
         self.records: list[dict[str, Any]] = []
-        self.drift = DriftWatch(expected=predicted_step_s if prediction_holds else None)
+        self.drift = DriftWatch(expected=predicted_step_s if prediction_holds else None, period=sync_period)
+        self.sync_period = sync_period
+        """Local SGD's sync period (1 otherwise): the medians are of whole periods (`summarize`)."""
         self.drift_pending = False
         """Set when a drift event was written; whoever re-measures the links clears it."""
         self.measuring = False
@@ -236,12 +278,13 @@ class MetricsLog:
         """One iteration's record (see the module docstring)."""
         self.records.append(record)
         self._write(record)
-        slowdown = self.drift.add(record["step_s"])
+        slowdown = self.drift.add(record["step_s"], record.get("step"))
         if slowdown is not None:
             reference = self.drift.reference
             event = {"step": record["step"], "slowdown": slowdown, "baseline_step_s": reference,
                      "recent_step_s": slowdown * reference,
-                     "reference": self.drift.reference_name}
+                     "reference": self.drift.reference_name,
+                     **({"sync_period": self.sync_period} if self.sync_period > 1 else {})}
             self.event("drift", **event)
             self.drift_pending = True
             if self.tracker is not None:

@@ -264,7 +264,8 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                                  # measured layer times, and constants fitted to the executor: the spec's
                                  # TFLOP/s are peaks, and the built-in constants a GPU executor's (2-4x off)
                                  prediction_holds=cfg.prediction_comparable and cfg.calibration is not None
-                                 and profiled(cluster, workload, plan))
+                                 and profiled(cluster, workload, plan),
+                                 sync_period=plan.sync.period if plan.sync.mode == "local-sgd" else 1)
             # the plan as it runs, for `plan --from` and to resume on: a run given --planner, or
             # switched by --adapt, had it nowhere else (a resume on the old plan file went back to it)
             plan.save(Path(cfg.run_dir) / PLAN_FILE)
@@ -375,7 +376,7 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
 
         if metrics is None:
             return None
-        summary = summarize(metrics.records)
+        summary = summarize(metrics.records, metrics.sync_period)
         result = {**summary, "start_step": start_step, "final_step": step, "target_steps": cfg.steps,
                   "stopped_early": step < cfg.steps, "stopped_by": stopped_by if step < cfg.steps else [],
                   "losses": [r["loss"] for r in metrics.records],

@@ -12,6 +12,7 @@ from spantrain.runtime.metrics import (
     DriftWatch,
     MetricsLog,
     iteration_totals,
+    read_records,
     read_step_records,
     summarize,
 )
@@ -207,3 +208,31 @@ def test_the_progress_bar_draws_each_iteration_with_its_own_loss(tmp_path, capsy
     frames = [f for f in capsys.readouterr().err.split("\r") if "it" in f]
     assert not [f for f in frames if " 2/5 " in f and "loss=5.0000" in f], frames
     assert [f for f in frames if " 2/5 " in f and "loss=4.0000" in f], frames
+
+
+def test_local_sgd_alternating_fast_and_syncing_iterations_is_no_drift_and_its_median_is_per_period(tmp_path):
+    # period 2 across a slow link: 0.25 s, then 2.3 s with the sync. The median of single iterations
+    # flipped between the two by the window's parity: "9.2x slower than at the start" on a steady run,
+    # and a step_s of 0.25 or 2.3 s by the iteration count's parity
+    heard = []
+    log = MetricsLog(tmp_path / "m.jsonl", announce=heard.append, sync_period=2)
+    times = {s: (2.3 if s % 2 == 0 else 0.25) for s in range(25, 60)}  # resumed at 24: warm-up 25, 26
+    for s, t in times.items():
+        log.step(_record(s, t))
+    log.close()
+    assert heard == [] and not [x for x in read_records(tmp_path / "m.jsonl") if x.get("event") == "drift"]
+    assert summarize(log.records, 2)["step_s"] == pytest.approx(1.275)
+    assert summarize(log.records[:5], 2)["step_s"] == pytest.approx(1.275)  # steps 27, 28 whole; 29 alone is not
+    # a real slowdown of whole periods is still drift, named per period
+    log = MetricsLog(tmp_path / "n.jsonl", announce=heard.append, sync_period=2)
+    for s in range(1, 40):
+        log.step(_record(s, (2.3 if s % 2 == 0 else 0.25) * (3 if s > 20 else 1)))
+    assert len(heard) == 1 and "median 3.82 s over the last 5 sync periods of 2 iterations, was 1.27 s" in heard[0]
+
+
+def test_a_local_sgd_runs_step_time_is_the_median_of_whole_sync_periods(tmp_path):
+    from runtime_helpers import ASYMMETRIC, plan, run_plan
+
+    result = run_plan(tmp_path, "lsgd", plan("1f1b", "local-sgd", ASYMMETRIC, period=2), 5)
+    by_step = {r["step"]: r["step_s"] for r in read_step_records(result["metrics"])}
+    assert result["step_s"] == pytest.approx((by_step[3] + by_step[4]) / 2)  # warm-up 1, 2; 5 ends no period
