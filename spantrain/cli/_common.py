@@ -93,6 +93,10 @@ def load_plan(path: str, cluster, workload, global_batch: int | None = None):
         if wrong := plan.other_models_layers(workload):
             raise PlanError(f"plan {path} {wrong}: pass --model {other}, or make a plan for {workload.name} "
                             "(spantrain plan -o)") from None
+        if any(d not in cluster for d in plan.devices):  # "unknown device 'cloud-0'" said nothing of what to do
+            raise PlanError(f"plan {path}: {e} (made for another cluster, or devices left this one: make a plan "
+                            f"for this one with spantrain plan -o, or move this plan onto it with spantrain plan "
+                            f"--from {path} -o NEW)") from None
         raise PlanError(f"plan {path}: {e}") from None
     if other is not None:
         from spantrain._say import note

@@ -42,6 +42,10 @@ def test_invalid_plan_is_refused_before_any_process_starts(tmp_path):
     line = _one_error_line(proc.returncode, proc.stdout, proc.stderr)
     assert "unknown device 'nope'" in line and "layers [2, 3) are not covered" in line
     assert f"plan {tmp_path / 'plan.json'}: " in line  # the user may have several plan files
+    # an unknown device said nothing of what to do (a plan for another cluster, or one a device left)
+    assert line.endswith("(made for another cluster, or devices left this one: make a plan for this one with "
+                         f"spantrain plan -o, or move this plan onto it with spantrain plan --from "
+                         f"{tmp_path / 'plan.json'} -o NEW)"), line
     assert not (tmp_path / "run").exists()  # nothing was launched
 
 
