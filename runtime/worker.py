@@ -374,6 +374,13 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 break
             t_mark = time.perf_counter()  # checkpoint and measuring time are not iteration time
 
+        if step < cfg.steps:
+            # A launcher's stop reaches the ranks one by one: those it reached after the iteration's vote
+            # were left out of stopped_by (2 of 4 named after a Ctrl-C); by now every signal has landed.
+            late = transport.all_gather_rows(torch.tensor([float(stop.signum or _NO_SIGNAL) if stop.requested
+                                                           else 0.0], dtype=torch.float64, device=device)).cpu()
+            stopped_by = [{"rank": r, "device": layout.roles[r].device, "signal": _signal_name(int(late[r, 0]))}
+                          for r in range(world_size) if late[r, 0] > 0]
         if metrics is None:
             return None
         summary = summarize(metrics.records, metrics.sync_period)

@@ -154,6 +154,42 @@ def test_sigterm_or_sighup_stops_like_ctrl_c(tmp_path, sig, group):
     assert not any(pid in {w["pid"] for w in workers} for pid, *_ in _processes())
 
 
+def test_a_stop_names_every_rank_it_reached_also_after_the_iterations_vote(tmp_path):
+    # stopped_by named only the ranks whose stop signal came before they voted in the iteration's row
+    # exchange: after a Ctrl-C, 2 of 4. Two replicas that never sync (local SGD, a long period) meet
+    # only in that exchange: with rank 0 held, rank 1 waits there, its vote cast, when the launcher's
+    # SIGTERM reaches it.
+    run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    cluster, model = write_inputs(tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan("gpipe", "local-sgd", [(5, 1, [("a-0", 0, 6)]),
+                                                                            (5, 1, [("b-0", 0, 6)])], period=1000)))
+    proc = subprocess.Popen([sys.executable, "-m", "spantrain", "run", "-c", str(cluster), "-m", str(model),
+                             "--plan", str(tmp_path / "p.json"), "--steps", "100000", "--run-dir", str(run_dir),
+                             "--checkpoint-dir", str(ckpt), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_stop_signals)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and '"loss"' not in ((run_dir / "metrics.jsonl").read_text()
+                                                                if (run_dir / "metrics.jsonl").exists() else ""):
+            time.sleep(0.2)
+        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        os.kill(workers[0]["pid"], signal.SIGSTOP)
+        time.sleep(2.0)  # rank 1 finishes its iteration and waits for rank 0's row
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(1.0)  # the launcher has signalled both
+        os.kill(workers[0]["pid"], signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert result["stopped_by"] == [{"rank": 0, "device": "a-0", "signal": "SIGTERM"},
+                                    {"rank": 1, "device": "b-0", "signal": "SIGTERM"}], result["stopped_by"]
+    assert (ckpt / "latest").read_text().strip() == f"step-{result['final_step']:08d}"
+
+
 @pytest.mark.parametrize("periodic", [True, False], ids=["checkpointed", "no-checkpoint-yet"])
 def test_ctrl_c_twice_kills_the_workers_and_names_the_checkpoint_left(tmp_path, periodic):
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
