@@ -444,7 +444,7 @@ def _full_run_dir(run_dir: Path) -> str | None:
     from spantrain._spec import free_if_full
 
     free = free_if_full(run_dir)
-    return None if free is None else f"the disk of {run_dir} is full ({free // 1024} KB free)"
+    return None if free is None else f"the disk of {run_dir} is full ({free // 1024} KB free): free some space"
 
 
 def _rank_devices(cfg: RunConfig) -> list[str]:

@@ -436,6 +436,22 @@ def test_a_full_run_directory_is_refused_up_front(tmp_path, small_disk):
                     "is full: 16 KB free); free some space, or pass a directory on another disk"), line
 
 
+def test_a_worker_failed_by_its_full_run_directory_is_reported_with_the_fix(tmp_path, small_disk):
+    # "the disk of RUN is full (16 KB free)" named no fix; --resume alone fails the same way
+    from types import SimpleNamespace
+
+    from spantrain.runtime.launcher import _failure_error
+
+    (small_disk / "run" / "logs").mkdir(parents=True)
+    _fill(small_disk, 16)
+    cfg = SimpleNamespace(run_dir=str(small_disk / "run"), checkpoint_dir=None)
+    line = str(_failure_error(cfg, ["a-0", "a-1"], 0, "exited with code 1", 8))
+    assert line == (f"worker rank 0 (device a-0) exited with code 1 after iteration 8: the disk of "
+                    f"{small_disk / 'run'} is full (16 KB free): free some space; stopped the other 1 worker(s); "
+                    "no checkpoint was written; "
+                    f"logs in {small_disk / 'run' / 'logs'}"), line
+
+
 def test_a_resume_into_its_runs_directory_on_a_full_disk_is_refused_up_front(tmp_path, small_disk):
     # the run directory a --resume continues in (not passed as --run-dir) went unchecked: the workers
     # failed at once, exit 1, "continue with --resume", which failed the same way
