@@ -354,7 +354,10 @@ def run_worker(cfg: RunConfig, *, rank: int, world_size: int, init_method: str |
                 # below), not after one more iteration
                 stopping = not _measure(transport, pairs, rank, layout, cluster, metrics, tracker, step,
                                         measure_reason, Path(cfg.run_dir), stop, checkpoints=bool(cfg.checkpoint_dir),
-                                        model=cfg.model, global_batch=cfg.global_batch)
+                                        model=cfg.model,
+                                        # `plan --from` refuses a plan whose batch is not the workload's
+                                        global_batch=plan.batch if plan.batch != workload.global_batch
+                                        else cfg.global_batch)
             ckpt_pending = ckpt_pending or bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             final = stopping or step == cfg.steps
             # Between local-sgd sync points replicas differ: a periodic checkpoint waits for the next sync

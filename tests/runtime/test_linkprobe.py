@@ -153,6 +153,24 @@ def test_a_run_on_the_network_its_spec_describes_finds_every_link_as_specified(t
     assert "all within 2x of the spec" in err and not (tmp_path / "run" / "cluster-measured.json").exists()
 
 
+def test_the_re_plan_command_a_run_gives_runs_for_a_plan_of_another_batch_than_the_models(tmp_path):
+    # a plan of 8 samples for a model whose global batch is 10: the printed `plan --from` command
+    # lacked --global-batch 8 and was refused ("the running plan's batch is 8 samples but ... 10")
+    p = _inputs(tmp_path)
+    p["plan"].write_text(json.dumps(plan("1f1b", "allreduce", [(1, 4, stages) for _, _, stages in CROSSING])))
+    network = tmp_path / "network.json"
+    network.write_text(json.dumps(_slow(SPEC, 0.005)))
+    code, _, err = spantrain_here("run", "--cluster", str(p["cluster"]), "--model", str(p["model"]), "--plan",
+                                  str(p["plan"]), "--steps", "2", "--emulate", "--emulate-mode", "local",
+                                  "--emulate-network", str(network), "--measure-links", "--run-dir",
+                                  str(tmp_path / "run"), "--no-progress")
+    assert code == 0, err
+    command = err.split("re-plan on it with ")[1].split(", then ")[0].replace("NEW.json", str(tmp_path / "new.json"))
+    assert " --global-batch 8 " in command, command
+    replanned = subprocess.run([sys.executable, "-m", *shlex.split(command)], capture_output=True, text=True)
+    assert replanned.returncode == 0, replanned.stderr
+
+
 @pytest.mark.slow
 def test_a_run_whose_spec_is_out_of_date_writes_the_cluster_as_measured(tmp_path):
     """Under `spantrain emulate` the run is a torchrun-style job on the slower network it was not told of."""
