@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     if args.running:
-        adaptation = _adapt(args, cluster, workload, planner, calibration)
+        adaptation, workload = _adapt(args, cluster, workload, planner, calibration)
         plan = adaptation.plan
     else:
         plan = plan_with(planner, cluster, workload, calibration)
@@ -198,6 +198,15 @@ def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
     if wrong := running.other_models_layers(workload):
         raise PlanError(f"running plan {args.running} {wrong}: pass --model {running.model} (the model the run "
                         "trains)")
+    if args.global_batch is None and not running.problems(None, workload) and running.batch != workload.global_batch:
+        # the run trains the plan's batch, not the model's default: re-planning keeps it (an explicit
+        # --global-batch of another size is still refused by adapt_plan)
+        from spantrain._say import note
+        from spantrain.workload import load_workload
+
+        note(f"re-planning at the running plan's batch of {running.batch} samples ({workload.name}'s default is "
+             f"{workload.global_batch})")
+        workload = load_workload(args.model, global_batch=running.batch)
     try:
         adaptation = adapt_plan(cluster, workload, running, remaining_steps=steps, planner=planner,
                                 calibration=calibration)
@@ -209,7 +218,7 @@ def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
         print(f"spantrain plan: warning: the running plan's device{'' if one else 's'} {', '.join(gone)} "
               f"{'is' if one else 'are'} not in {args.cluster}; planning afresh ({'its' if one else 'their'} layers "
               "come back from the run's last checkpoint)", file=sys.stderr)
-    return adaptation
+    return adaptation, workload
 
 
 def _print_adaptation(a, output: str | None) -> None:

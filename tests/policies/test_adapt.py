@@ -161,6 +161,25 @@ def test_plan_from_cli_errors(run_cli, tmp_path, running, args, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err, err
 
 
+def test_plan_from_cli_re_plans_at_the_running_plans_batch(run_cli, tmp_path):
+    # the run trains its plan's batch; without --global-batch, plan --from refused the running plan
+    # for not having the model's default batch, in the very command the drift note prints
+    from spantrain.workload import load_workload
+
+    default = load_workload("gpt2-medium").global_batch
+    before, after = _clusters()
+    running = HeuristicPlanner().plan(before, load_workload("gpt2-medium", global_batch=32))
+    assert running.batch == 32 != default
+    plan_file = tmp_path / "running.json"
+    running.save(plan_file)
+    code, out, err = run_cli("plan", "-c", _spec_file(tmp_path, after, "c.yaml"), "-m", "gpt2-medium",
+                             "--from", plan_file, "--json")
+    assert code == 0, err
+    assert Plan.from_dict(json.loads(out)["plan"]).batch == running.batch
+    assert err == (f"spantrain plan: note: re-planning at the running plan's batch of {running.batch} samples "
+                   f"(gpt2-medium's default is {default})\n"), err
+
+
 def test_plan_from_cli_with_a_departed_device_warns_and_plans_afresh(run_cli, tmp_path, running):
     _, after = _clusters(west_count=3)
     plan_file = tmp_path / "running.json"
