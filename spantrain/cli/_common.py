@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["add_cluster_arg", "add_model_args", "add_json_arg", "load_cluster", "load_model", "load_plan",
            "print_json", "stdout_console", "check_dir_option", "check_output_file", "check_finite",
-           "check_seed", "add_calibration_arg", "load_calibration"]
+           "check_seed", "add_calibration_arg", "load_calibration", "note_cpu_devices"]
 
 
 def add_cluster_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -60,6 +60,18 @@ def load_calibration(path: str | None):
         return Calibration.from_file(path)
     except SpecError as e:
         raise SpecError(f"--calibration {e}") from None
+
+
+def note_cpu_devices(cluster, calibration: str | None) -> None:
+    """A note when a cluster of CPUs (`spantrain profile` labels their `gpu` "cpu") is planned with
+    the built-in constants, which describe GPU executors: the plan is picked for another machine
+    (a profiled two-region spec got zb-h2 1x32, predicted 0.26 s and measured 0.47 s, where
+    `run --emulate` picks gpipe 4x8 with the shipped CPU profile)."""
+    if calibration is None and len(cluster) and all(d.gpu == "cpu" for d in cluster.devices):
+        from spantrain._say import note
+
+        note("the cluster's devices are CPUs and the built-in constants describe GPUs: pass --calibration "
+             "emulated-cpu (fitted to spantrain's runtime on CPUs), or a profile of your own")
 
 
 def load_cluster(path: str):

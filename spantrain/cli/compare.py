@@ -23,6 +23,7 @@ from spantrain.cli._common import (
     load_calibration,
     load_cluster,
     load_model,
+    note_cpu_devices,
     print_json,
     stdout_console,
 )
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     calibration = load_calibration(args.calibration)
+    note_cpu_devices(cluster, args.calibration)
     if args.planners is not None:  # `--planners ""` is a mistake, not a request for the default list
         names = [n.strip() for n in args.planners.split(",") if n.strip()]
         available = f"(available: {', '.join(available_planners())})"

@@ -32,6 +32,7 @@ from spantrain.cli._common import (
     load_calibration,
     load_cluster,
     load_model,
+    note_cpu_devices,
     print_json,
     stdout_console,
 )
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     calibration = load_calibration(args.calibration)
+    note_cpu_devices(cluster, args.calibration)
     options = planner_options(args.planner, args, strict=True)
     check_policy(args.policy)  # options passed the check: a planner that takes it
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from spantrain.cli._common import (
     load_cluster,
     load_model,
     load_plan,
+    note_cpu_devices,
     print_json,
     stdout_console,
 )
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     workload = load_model(args)
     calibration = load_calibration(args.calibration)
+    note_cpu_devices(cluster, args.calibration)
     plan = load_plan(args.plan, cluster, workload, args.global_batch)
     model = CostModel(cluster, workload, calibration, memo=False)
     arrays = model.flatten(plan)  # raises PlanError naming every problem

@@ -381,3 +381,27 @@ def test_running_out_of_memory_is_one_line(run_cli, cluster_file, monkeypatch):
     assert code == 2 and out == "" and err == (
         "spantrain plan: error: ran out of memory: this cluster and model are too large to plan on this machine; "
         "use fewer devices or layers, or a machine with more memory\n")
+
+
+def test_a_cluster_of_cpus_planned_with_the_gpu_constants_gets_a_note(run_cli, tmp_path, demo_spec):
+    # `spantrain profile` labels CPUs "cpu"; plan silently used the GPU constants on them and picked a plan
+    # for another executor (zb-h2 1x32 where the CPU profile picks gpipe 4x8, and measured 0.47 s, not 0.26 s)
+    for d in demo_spec["devices"]:
+        d.update(gpu="cpu", tflops=0.05, memory_gb=8)
+    cpus = tmp_path / "cpus.yaml"
+    cpus.write_text(yaml.safe_dump(demo_spec))
+    code, out, err = run_cli("plan", "--cluster", cpus, "--model", "tiny-gpt", "--planner", "heuristic",
+                             "-o", tmp_path / "p.json")
+    assert code == 0, err
+    hint = "the cluster's devices are CPUs and the built-in constants describe GPUs: pass --calibration emulated-cpu"
+    assert f"spantrain plan: note: {hint}" in err, err
+    for command in (["compare", "--planners", "heuristic"], ["simulate", "--plan", tmp_path / "p.json"]):
+        code, _, err = run_cli(command[0], "--cluster", cpus, "--model", "tiny-gpt", *command[1:])
+        assert code == 0 and f"spantrain {command[0]}: note: {hint}" in err, err
+        code, _, err = run_cli(command[0], "--cluster", cpus, "--model", "tiny-gpt", *command[1:],
+                               "--calibration", "emulated-cpu")
+        assert code == 0 and hint not in err, err
+    demo_spec["devices"][0]["gpu"] = "A100-40GB"  # not all CPUs: no note
+    cpus.write_text(yaml.safe_dump(demo_spec))
+    code, _, err = run_cli("plan", "--cluster", cpus, "--model", "tiny-gpt", "--planner", "heuristic")
+    assert code == 0 and hint not in err, err
