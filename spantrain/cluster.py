@@ -54,6 +54,9 @@ MAX_DEVICES = 4096
 _DEVICE_KEYS = {"id", "count", "region", "tier", "gpu", "tflops", "memory_gb", "host", "local_rank",
                 "layer_times"}
 _LINK_KEYS = {"gbps", "latency_ms"}
+# A device-pair override may give a figure in the unit the arrays hold: a few percent of bandwidths
+# (bytes/s) have no gbps figure that reads back to them, and of latencies (s) no latency_ms figure.
+_BASE_KEYS = {"gbps": "bytes_per_s", "latency_ms": "latency_s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,17 +371,27 @@ def _close(x: tuple[float, float], y: tuple[float, float]) -> bool:
 
 
 def _link_spec(bandwidth: float, latency: float) -> dict[str, float]:
-    return {"gbps": _in_unit(float(bandwidth), 1 / GBPS, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s),
-            "latency_ms": _in_unit(float(latency), 1e3, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s)}
+    """An override's figures: gbps and latency_ms where a figure reads back exactly, else the base unit."""
+    out: dict[str, float] = {}
+    for key, value, scale, back in (
+            ("gbps", float(bandwidth), 1 / GBPS, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s),
+            ("latency_ms", float(latency), 1e3, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s)):
+        figure = _in_unit(value, scale, back, exact=True)
+        if figure is None:
+            out[_BASE_KEYS[key]] = fmt_number(value)
+        else:
+            out[key] = figure
+    return out
 
 
 def _from_ms(ms: float) -> float:
     return float(ms) / 1e3  # as `_parse_layer_times` reads them
 
 
-def _in_unit(value: float, scale: float, back: Callable[[float], float]) -> float | int:
+def _in_unit(value: float, scale: float, back: Callable[[float], float], exact: bool = False) -> float | int | None:
     """`value * scale` as the spec writes it: the figure (9 digits when they do) that reading
-    (`back`) turns into exactly `value` again, so a saved cluster reads back the same arrays."""
+    (`back`) turns into exactly `value` again, so a saved cluster reads back the same arrays.
+    When no figure does: None if `exact`, else the nearest figure."""
     x = value * scale
     short = fmt_number(x)
     if back(short) == value:
@@ -389,7 +402,7 @@ def _in_unit(value: float, scale: float, back: Callable[[float], float]) -> floa
             if back(candidate) == value:
                 return candidate
         up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
-    return x
+    return None if exact else x
 
 
 def _checked_array(a: np.ndarray, what: str, n: int) -> np.ndarray:
@@ -492,6 +505,35 @@ def _parse_link(obj: Any, where: str, problems: list[str], extra: set[str] = fro
     if gbps is None or lat is None:
         return None
     return NetLink(gbps=gbps, latency_ms=lat)
+
+
+def _parse_pair_link(obj: dict, where: str, problems: list[str], extra: set[str]) -> tuple[float, float] | None:
+    """A device-pair override's (bytes/s, s): each figure in the spec's unit or in the arrays' one."""
+    check_keys(obj, _LINK_KEYS | set(_BASE_KEYS.values()) | extra, set(), where, problems)
+    out: list[float | None] = []
+    for key, check, to_base, lo, hi in (
+            ("gbps", positive_number, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s,
+             FIGURE_MIN * GBPS, FIGURE_MAX * GBPS),
+            ("latency_ms", nonneg_number, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s, 0.0, FIGURE_MAX / 1e3)):
+        base = _BASE_KEYS[key]
+        if key in obj and base in obj:
+            problems.append(f"{where}: give {key} or {base}, not both")
+            out.append(None)
+        elif base in obj:
+            value = obj[base]
+            # the range _checked_array takes, which is a figure's range in the spec's unit
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
+            if not ok:
+                problems.append(f"{where}: {base} must be a number from {lo:g} to {hi:g}, got {shown(value)}")
+            out.append(float(value) if ok else None)
+        elif key in obj:
+            value = check(obj, key, where, problems)
+            # read as NetLink reads it, so specs written before the base units load the same arrays
+            out.append(None if value is None else to_base(value))
+        else:
+            problems.append(f"{where}: missing required key {shown(key)}")
+            out.append(None)
+    return None if None in out else (out[0], out[1])
 
 
 def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, LayerTimes]:
@@ -677,14 +719,14 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
         if c > 1:
             problems.append(f"devices: duplicate device id {shown(did)} (ids must be unique after count expansion)")
     # overrides refer to expanded device ids
-    pair_overrides: list[tuple[str, str, NetLink, bool]] = []
+    pair_overrides: list[tuple[str, str, tuple[float, float], bool]] = []
     first_given: dict[tuple[str, str], str] = {}  # (from, to) -> the override that set it
     for where, v in raw_overrides:
         if not isinstance(v, dict):
             problems.append(f"{where}: expected a mapping")
             continue
         directed = "from" in v or "to" in v
-        link = _parse_link(v, where, problems, {"from", "to"} if directed else {"between"})
+        link = _parse_pair_link(v, where, problems, {"from", "to"} if directed else {"between"})
         if directed:
             pair = [v.get("from"), v.get("to")]
         else:
@@ -721,9 +763,9 @@ def _parse_spec(spec: Any, source: str) -> Cluster:
     lat = cluster.latency.copy()
     for a, b, link, directed in pair_overrides:
         i, j = cluster.index(a), cluster.index(b)
-        bw[i, j], lat[i, j] = link.bytes_per_s, link.latency_s
+        bw[i, j], lat[i, j] = link
         if not directed:
-            bw[j, i], lat[j, i] = link.bytes_per_s, link.latency_s
+            bw[j, i], lat[j, i] = link
     return cluster.with_arrays(bandwidth=bw, latency=lat)
 
 
