@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ MAX_WAN_LINES = 300
 """The plot draws every region pair up to this many; past it, the strongest (see `strongest_pairs`)."""
 WAN_LINES_PER_REGION = 3
 """Past `MAX_WAN_LINES`, each region's this many fastest links are candidates."""
+MAX_LABELLED_REGIONS = 60
+"""The plot labels regions up to this many (past it, the tables name them)."""
+_DPI = 110
 
 
 def format_gbps(gbps: float) -> str:
@@ -228,7 +232,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         scale = max(span / 80, min(span / 40, 0.37 * nearest))
         height = min(8.0, max(3.5, 9.5 * (max(ys) - min(ys) + 8 * scale) / (max(xs) - min(xs) + 8 * scale) + 2.0))
 
-    fig, ax = plt.subplots(figsize=(12, height))
+    fig, ax = plt.subplots(figsize=(12, height), dpi=_DPI)  # the dpi it is saved at: label boxes measured as drawn
     off = ~np.eye(len(regions), dtype=bool)
     wan_lat = lat[off] if off.any() else np.array([1.0])
     lat_norm = colors.LogNorm(vmin=max(1e-3, wan_lat.min()), vmax=max(wan_lat.max(), wan_lat.min() * 1.01, 1e-2))
@@ -255,6 +259,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     gpu_colors = {g: cm.tab10(i % 10) for i, g in enumerate(gpus)}
     dots: dict[str, list] = {"x": [], "y": [], "s": [], "color": []}
     discs = []
+    labels: list[_Label] = []
     centres = np.array([pos[r] for r in regions])
     outermost = float(np.hypot(centres[:, 0], centres[:, 1]).max())
     for k, r in enumerate(regions):
@@ -270,21 +275,13 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
             dots["y"].append(y + rad * math.sin(ang))
             dots["s"].append(12 + 0.5 * min(d.tflops, _MAX_MARKER_TFLOPS))
             dots["color"].append(gpu_colors[d.gpu or "?"])
-        if len(regions) <= 60:
-            # above the disc when a close neighbour lies below it (Frankfurt over Paris), else below
-            near = np.hypot(centres[:, 0] - x, centres[:, 1] - y) < 4 * ring
-            above = bool(np.any(near & (centres[:, 1] < y) & (np.arange(len(regions)) != k)))
+        if len(regions) <= MAX_LABELLED_REGIONS:
             lan = f", {format_gbps(bw[k, k])}" if n > 1 else ""  # one device: no LAN to speak of
-            at, ha, va = (x, y + ring * 1.45 if above else y - ring * 1.45), "center", "bottom" if above else "top"
-            if not geo and math.hypot(x, y) > outermost - 1e-9 > 0:
-                # the outer ring's away from the centre: below each disc, a crowded ring's labels
-                # ran into their neighbours' discs and labels (inner rings keep theirs below: out
-                # there lies the next ring)
-                cx, cy = x / math.hypot(x, y), y / math.hypot(x, y)
-                at = (x + ring * 1.45 * cx, y + ring * 1.45 * cy)
-                ha = "left" if cx > 0.35 else "right" if cx < -0.35 else "center"
-                va = "bottom" if cy > 0.35 else "top" if cy < -0.35 else "center"
-            ax.annotate(f"{r}\n{n} dev{lan}", at, ha=ha, va=va, fontsize=7, zorder=4)
+            # the outer ring's away from the centre: out there lies no other ring
+            outward = (not geo and math.hypot(x, y) > outermost - 1e-9 > 0)
+            labels.append(_Label(name=r, text=f"{r}\n{n} dev{lan}", centre=(x, y), disc=ring * 1.3,
+                                 ring=0.0 if n == 1 else ring, marker=max(dots["s"][-n:]),
+                                 outward=math.atan2(y, x) if outward else None))
     ax.add_collection(PatchCollection(discs, facecolor="0.92", edgecolor="0.5", zorder=2))
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
     ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
@@ -293,6 +290,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     # beside the map, not on it: it covered Oregon
     ax.legend(title="GPU (marker size ~ TFLOP/s)", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               title_fontsize=8, framealpha=0.85)
+    avoid = [ax.get_legend()]
     if len(regions) > 1 and wan_lat.max() > wan_lat.min() * 1.01:  # one latency (one fabric): the title says it
         sm = cm.ScalarMappable(norm=lat_norm, cmap=cmap)
         bar = fig.colorbar(sm, ax=ax, orientation="horizontal", fraction=0.04, pad=0.14 if geo else 0.06, aspect=40,
@@ -300,6 +298,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         bar.set_ticks(_nice_ticks(lat_norm.vmin, lat_norm.vmax))  # a log axis labelled only its decades: 1 or none
         bar.ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         bar.ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        avoid.append(bar.ax)
     note = "line width ~ log bandwidth"
     drawn = ""
     if len(wan) < n_pairs:  # say which links the lines are: not every pair's (a line of its own: one was cut off)
@@ -309,8 +308,6 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     # 200 Gb/s" beside its label's 2.4 Tb/s, its only link)
     if cluster.network.default is not None and not cluster.network.links and len(regions) > 1:
         note += f"; one fabric: {format_gbps(cluster.network.default.gbps)}, {cluster.network.default.latency_ms:g} ms"
-    ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} ({note})"
-                 + drawn, fontsize=10)
     ax.set_aspect("equal")
     ax.margins(0.08, 0.2 if geo else 0.08)  # whole discs and labels at the edges (Oregon's disc was cut)
     ax.autoscale_view()
@@ -319,10 +316,121 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         ax.set_ylabel("latitude")
     else:
         ax.axis("off")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    title = ax.set_title(f"{cluster.name}: {plural(len(cluster), 'device')}, {plural(len(regions), 'region')} "
+                         f"({note})" + drawn, fontsize=10)
     with glyphs_may_be_missing():
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        # the layout first, with each label where it would go alone (so there is room for the outer
+        # ones); then the labels placed for good in that layout, which nothing moves afterwards
+        rough = [ax.text(lb.centre[0], lb.centre[1] - lb.disc * 1.45, lb.text, ha="center", va="top", fontsize=7)
+                 for lb in labels]
+        head = title.get_text()
+        for again in (False, True):
+            fig.tight_layout()
+            ax.apply_aspect()  # else done at draw time: the axes measured before it were another size
+            for t in rough:
+                t.remove()
+            rough, left_out = _place_labels(fig, ax, labels, dots, [title, *avoid], geo)
+            title.set_text(head + (("; " if drawn else "\n") + f"{plural(left_out, 'crowded label')} left out "
+                                   "(spantrain topo show lists every region)" if left_out else ""))
+            if not left_out or again:
+                break
+            # a line more in the title ran off the figure's top: laid out again, labels placed again
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=_DPI)
     plt.close(fig)
     return path
+
+
+def _disc_px(ax, centre: tuple[float, float], radius: float) -> float:
+    """A disc's radius in display pixels (the axes keep an equal aspect)."""
+    (x0, _), (x1, _) = ax.transData.transform([centre, (centre[0] + radius, centre[1])])
+    return abs(x1 - x0)
+
+
+def _label_angles(outward: float | None) -> list[float]:
+    """Directions to try a region's label in, best first: away from the centre on the outer ring
+    (and beside that), else below, above, right, left and the diagonals."""
+    if outward is not None:
+        return [outward + d * math.pi / 8 for d in (0, 1, -1, 2, -2)]
+    return [math.radians(a) for a in (-90, 90, 0, 180, -45, -135, 45, 135)]
+
+
+@dataclass(frozen=True)
+class _Label:
+    """A region's label and what it must keep clear of: its disc, its devices' markers."""
+
+    name: str
+    text: str
+    centre: tuple[float, float]
+    disc: float
+    """Disc radius, in data units."""
+    ring: float
+    """Radius of the ring its devices sit on, in data units."""
+    marker: float
+    """Largest device marker size (points squared)."""
+    outward: float | None
+    """Angle away from the plot's centre on the ring layout's outer ring, else None."""
+
+
+def _place_labels(fig, ax, labels: list[_Label], dots: dict[str, list], avoid: list, geo: bool) -> tuple[list, int]:
+    """Draw each region's label beside its disc where it overlaps no other label, disc, device,
+    the title or the legend, and stays inside the map (geo) or the figure; where none of its
+    places is free, its name alone, smaller; else none (on cee-256's inner rings and close cities
+    the labels lay over each other and their neighbours' discs). Returns the labels drawn and how
+    many were left out."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform
+    pt = fig.dpi / 72  # marker sizes are points squared
+    # discs and devices as circles in pixels: a label must miss them all
+    circles = [(*to_px(lb.centre), _disc_px(ax, lb.centre, lb.disc)) for lb in labels]
+    circles += [(*to_px((x, y)), math.sqrt(s) / 2 * pt) for x, y, s in zip(dots["x"], dots["y"], dots["s"])]
+    circ = np.array(circles, dtype=float).reshape(-1, 3)
+    inside = ax.get_window_extent(renderer) if geo else fig.bbox
+    taken = [a.get_window_extent(renderer) for a in avoid]
+    probe = ax.text(0, 0, "", fontsize=7)
+    drawn, left_out = [], 0
+    for lb in labels:
+        cx, cy = to_px(lb.centre)
+        # clear of the disc and of markers larger than it (an H100's stands out of a small city's disc)
+        gap = max(_disc_px(ax, lb.centre, lb.disc),
+                  _disc_px(ax, lb.centre, lb.ring) + math.sqrt(lb.marker) / 2 * pt) + 3
+        placed = None
+        for text, size in ((lb.text, 7), (lb.name, 7), (lb.name, 6)):
+            for angle in _label_angles(lb.outward):
+                dx, dy = math.cos(angle), math.sin(angle)
+                ha = "left" if dx > 0.35 else "right" if dx < -0.35 else "center"
+                va = "bottom" if dy > 0.35 else "top" if dy < -0.35 else "center"
+                at = ax.transData.inverted().transform((cx + gap * dx, cy + gap * dy))
+                probe.update({"text": text, "fontsize": size, "ha": ha, "va": va, "position": at})
+                box = probe.get_window_extent(renderer).padded(1.5)
+                if _free(box, inside, taken, circ):
+                    placed = (text, size, ha, va, at, box)
+                    break
+            if placed:
+                break
+        if placed is None:
+            left_out += 1
+            continue
+        text, size, ha, va, at, box = placed
+        drawn.append(ax.annotate(text, tuple(at), ha=ha, va=va, fontsize=size, zorder=4, gid="region-label"))
+        taken.append(Bbox(box.get_points()))
+    probe.remove()
+    return drawn, left_out
+
+
+def _free(box, inside, taken: list, circles: np.ndarray) -> bool:
+    """Whether a label's box lies within `inside` and overlaps no box of `taken` and no circle."""
+    if not (box.x0 >= inside.x0 and box.y0 >= inside.y0 and box.x1 <= inside.x1 and box.y1 <= inside.y1):
+        return False
+    if any(box.overlaps(t) for t in taken):
+        return False
+    if len(circles):
+        # the nearest point of the box to each centre, nearer than the radius: they meet
+        nx = np.clip(circles[:, 0], box.x0, box.x1)
+        ny = np.clip(circles[:, 1], box.y0, box.y1)
+        if np.any(np.hypot(circles[:, 0] - nx, circles[:, 1] - ny) < circles[:, 2]):
+            return False
+    return True

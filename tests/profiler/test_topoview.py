@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -159,8 +161,11 @@ def test_the_ring_layout_leaves_room_for_every_disc_and_labels_the_outer_ring_ou
     monkeypatch.setattr(Axes, "annotate", spy)
     plot_topology(cluster, tmp_path / "dc.png")
     assert set(labels) == set(pos)
-    for r, (x, y) in labels.items():  # beyond its disc, away from the centre
-        assert math.hypot(x, y) > math.hypot(*pos[r]) + disc[r], r
+    for r, (x, y) in labels.items():  # beyond its disc, away from the centre (or near that, where crowded)
+        px, py = pos[r]
+        assert math.dist((x, y), (px, py)) > disc[r], r
+        away = math.acos(min(1.0, ((x - px) * px + (y - py) * py) / math.dist((x, y), (px, py)) / math.hypot(px, py)))
+        assert away <= math.radians(46), r
 
 
 def test_a_one_region_plot_names_no_fabric_between_regions(monkeypatch, tmp_path):
@@ -196,3 +201,51 @@ def test_a_device_of_huge_tflops_does_not_cover_the_plot(monkeypatch, tmp_path):
     plot_topology(Cluster.from_spec(spec), tmp_path / "t.png")
     assert seen["sizes"] and max(seen["sizes"]) <= 300, seen["sizes"]
     assert 12 + 0.5 * 10 in seen["sizes"]  # an ordinary device keeps its size
+
+
+def _label_boxes(monkeypatch, cluster, path):
+    """Pixel boxes of the region labels as saved, and the discs (centre x, y, radius in pixels)."""
+    from matplotlib.collections import PatchCollection
+    from matplotlib.figure import Figure
+    from matplotlib.text import Annotation
+
+    from spantrain.profiler.topoview import plot_topology
+
+    seen = {}
+    real = Figure.savefig
+
+    def spy(self, *args, **kw):
+        ax = self.axes[0]
+        renderer = self.canvas.get_renderer()
+        seen["labels"] = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if isinstance(t, Annotation)]
+        discs = next(c for c in ax.collections if isinstance(c, PatchCollection))
+        seen["discs"] = []
+        for path_ in discs.get_paths():
+            (x0, y0), (x1, y1) = ax.transData.transform(path_.get_extents().get_points())
+            seen["discs"].append(((x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) / 2))
+        seen["title"] = ax.get_title()
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    plot_topology(cluster, path)
+    return seen["labels"], seen["discs"], seen["title"]
+
+
+@pytest.mark.parametrize("profile, devices, seed", [("cee", 256, 0), ("geo", 32, 3), ("geo", 32, 1), ("cee", 96, 2)])
+def test_region_labels_overlap_no_other_label_or_disc(monkeypatch, tmp_path, profile, devices, seed):
+    # on close cities (London, Frankfurt, Stockholm) and cee-256's inner rings the labels lay over
+    # each other and over their neighbours' discs, unreadable
+    cluster = generate(devices, seed=seed, profile=profile)
+    labels, discs, title = _label_boxes(monkeypatch, cluster, tmp_path / "t.png")
+    regions = len(cluster.regions)
+    assert len(labels) >= 0.9 * regions, (len(labels), regions)  # crowded ones may go, not most
+    names = [text.split("\n")[0] for text, _ in labels]
+    assert len(set(names)) == len(names) and set(names) <= set(cluster.regions)
+    left_out = regions - len(labels)
+    assert (f"{left_out} crowded label" in title) == (left_out > 0), title
+    for i, (a, box) in enumerate(labels):
+        for b, other in labels[i + 1:]:
+            assert not box.overlaps(other), (a, b)
+        for cx, cy, r in discs:
+            nx, ny = min(max(cx, box.x0), box.x1), min(max(cy, box.y0), box.y1)
+            assert math.hypot(cx - nx, cy - ny) >= r - 0.5, (a, (cx, cy, r))
