@@ -22,6 +22,8 @@ micro-batch size that divides b_p, so the iteration batch is exactly the global 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -44,6 +46,8 @@ share up to the size; with zero per-op overhead smaller is never slower, but mea
 overheads make larger ones pay)."""
 LOCAL_SGD_PERIODS = (2, 4, 8)
 """Averaging periods tried when a planner may use local SGD."""
+_FILL_STEPS = 64
+"""Units past which `Evaluator.water_fill` finds its shares by rank, not unit by unit."""
 
 Layout = tuple[tuple[int, ...], ...]
 """Pipelines as device-index tuples in stage order."""
@@ -111,6 +115,39 @@ def _micro(b: int, m: int) -> int:
         if b % k == 0:
             return k
     return 1
+
+
+def _last_true(holds, guess: int, top: int) -> int:
+    """The largest j in 0..top where `holds(j)` (true up to some j, false after; j = 0 holds
+    without asking): galloping out from `guess`, then bisecting."""
+    lo, hi = 0, top
+    g = min(top, max(0, guess))
+    if g == 0 or holds(g):
+        lo, d = g, 1
+        while lo < top:
+            nxt = min(top, lo + d)
+            if holds(nxt):
+                lo, d = nxt, 2 * d
+            else:
+                hi = nxt - 1
+                break
+        else:
+            hi = top
+    else:
+        hi, d = g - 1, 1
+        while hi > 0:
+            nxt = max(0, hi - d)
+            if nxt == 0 or holds(nxt):
+                lo = nxt
+                break
+            hi, d = nxt - 1, 2 * d
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def round_shares(x: np.ndarray, total: int, minimum: int = 1) -> list[int]:
@@ -237,8 +274,13 @@ class Evaluator:
         """Shares minimizing the slowest pipeline's time alone (`pipeline_time`): every
         pipeline starts with one unit (the micro-batch size when it divides the batch,
         else one sample), and each further unit goes to the pipeline that would finish
-        first with it. Exact for times that grow with the share. Returns (shares, that
-        slowest time); stops early with inf once the slowest time reaches `stop_at`."""
+        first with it (the lowest index on a tie). Exact for times that grow with the share.
+        Returns (shares, that slowest time); inf once the slowest time reaches `stop_at`
+        (the shares then are where it stopped).
+
+        Past `_FILL_STEPS` units of the micro-batch size the same shares are found by rank
+        (`_fill_by_rank`), not unit by unit: one cost-model run per unit made the exhaustive
+        planner take minutes at a global batch of 65,536."""
         B = self.batch
         P = len(layout)
         m = knobs.micro_batch_size
@@ -250,8 +292,19 @@ class Evaluator:
         worst = max(cur)
         if worst >= stop_at:
             return tuple(shares), math.inf
+        steps = (B - P * unit) // unit
+        # a unit of one sample under a larger micro-batch size: the micro-batch (the largest
+        # divisor of the share up to it) changes from share to share, and so times fall
+        if steps > _FILL_STEPS and unit == m:
+            ranked = self._fill_by_rank(layout, knobs, unit, steps)
+            if ranked is not None:
+                counts, last = ranked
+                shares = [unit * (1 + c) for c in counts]
+                if last >= stop_at or not math.isfinite(last):
+                    return tuple(shares), math.inf
+                return tuple(shares), max(worst, last)
         nxt = [self.pipeline_time(p, unit * 2, knobs) for p in layout]
-        for _ in range((B - P * unit) // unit):
+        for _ in range(steps):
             k = int(np.argmin(nxt))
             if nxt[k] >= stop_at or not math.isfinite(nxt[k]):
                 return tuple(shares), math.inf
@@ -260,6 +313,78 @@ class Evaluator:
             worst = max(worst, cur[k])
             nxt[k] = self.pipeline_time(layout[k], shares[k] + unit, knobs)
         return tuple(shares), worst
+
+    def _fill_by_rank(self, layout: Layout, knobs: Knobs, unit: int,
+                      steps: int) -> tuple[list[int], float] | None:
+        """The units `water_fill` gives each pipeline after `steps` of them, and the time of the
+        last one given, from O(P^2 log^2 steps) pipeline times instead of one per unit; None
+        when some time it reads falls as its share grows (or is nan), where only the unit-by-unit
+        fill is exact.
+
+        Why it is the same: with each pipeline's times t_k(1), t_k(2), ... (its j-th extra
+        unit) non-decreasing, always taking the smallest next time (lowest pipeline on a tie)
+        takes the units in the order of (time, pipeline, j), a merge of sorted sequences. So
+        pipeline k's j-th unit is taken iff fewer than `steps` units precede it in that order:
+        j - 1 of its own, and of every other pipeline q those of time <= t_k(j) (q < k) or
+        < t_k(j) (q > k), each counted by bisection. The last unit taken is the largest time
+        taken; the fill stops (inf) iff it reaches `stop_at` or is inf."""
+        P = len(layout)
+        seen: list[dict[int, float]] = [{} for _ in range(P)]
+        # per pipeline, the units read so far and their times, in order: a bisection starts
+        # between the nearest of them (the times are non-decreasing; checked below)
+        units: list[list[int]] = [[] for _ in range(P)]
+        times: list[list[float]] = [[] for _ in range(P)]
+
+        def t(k: int, j: int) -> float:
+            v = seen[k].get(j)
+            if v is None:
+                v = seen[k][j] = self.pipeline_time(layout[k], unit * (1 + j), knobs)
+                at = bisect.bisect(units[k], j)
+                units[k].insert(at, j)
+                times[k].insert(at, v)
+            return v
+
+        def taken(q: int, v: float, ties: bool) -> int:
+            """How many of pipeline q's units have a time below v (up to v when `ties`)."""
+            cut = (bisect.bisect_right if ties else bisect.bisect_left)(times[q], v)
+            lo = units[q][cut - 1] if cut else 0
+            hi = units[q][cut] - 1 if cut < len(units[q]) else steps
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                x = t(q, mid)
+                if x < v or (ties and x == v):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+
+        def before(k: int, j: int) -> int:
+            v = t(k, j)
+            return j - 1 + sum(taken(q, v, q < k) for q in range(P) if q != k)
+
+        counts = [_last_true(lambda j, k=k: before(k, j) < steps, guess, steps)
+                  for k, guess in enumerate(self._fill_guess(t, P, steps))]
+        for k in range(P):
+            if any(math.isnan(x) for x in times[k]) or any(b < a for a, b in itertools.pairwise(times[k])):
+                return None
+        if sum(counts) != steps:
+            return None
+        return counts, max(t(k, c) for k, c in enumerate(counts) if c)
+
+    @staticmethod
+    def _fill_guess(t, P: int, steps: int) -> list[int]:
+        """Units of each pipeline where its time, fitted as a line through its times at half and
+        all the units, reaches the level they share: where `_fill_by_rank` starts to look (a
+        start only, so any guess gives the same shares; a near one saves most cost-model runs)."""
+        lines = []
+        for k in range(P):
+            a, b = t(k, max(1, steps // 2)), t(k, steps)
+            slope = (b - a) / max(1, steps - max(1, steps // 2))
+            if not (math.isfinite(a) and math.isfinite(b) and slope > 0):
+                return [steps // P] * P
+            lines.append((a - slope * max(1, steps // 2), slope))
+        level = (steps + sum(a / s for a, s in lines)) / sum(1 / s for _, s in lines)
+        return [min(steps, max(0, round((level - a) / s))) for a, s in lines]
 
     # ---- batch shares ------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ Search space, exactly:
 - **Batch shares** (samples per pipeline, summing to the global batch), the best of
   three: (a) the split that minimizes the slowest pipeline's simulated time alone, by
   water-filling in units of the micro-batch size (exact when a pipeline's time grows
-  with its share); (b) `Evaluator.balance` started from (a); (c) `Evaluator.balance`
+  with its share; past 64 units found by rank, not unit by unit, with the same shares:
+  `Evaluator.water_fill`); (b) `Evaluator.balance` started from (a); (c) `Evaluator.balance`
   from shares in proportion to speed (what the heuristic and genetic planners use).
 
 Branch and bound makes it fast without losing the optimum: every layout gets a lower
