@@ -117,27 +117,39 @@ def _micro(b: int, m: int) -> int:
     return 1
 
 
-def _last_true(holds, guess: int, top: int) -> int:
-    """The largest j in 0..top where `holds(j)` (true up to some j, false after; j = 0 holds
-    without asking): galloping out from `guess`, then bisecting."""
-    lo, hi = 0, top
-    g = min(top, max(0, guess))
-    if g == 0 or holds(g):
+def _fill_lines(t, P: int, steps: int) -> list[tuple[float, float]]:
+    """Each pipeline's time as a line in its units (through its times at half and all of
+    them), where `_fill_by_rank` starts to look: a start only, any gives the same shares, and
+    a near one saves most cost-model runs. Empty when some time is not finite or no line rises."""
+    half = max(1, steps // 2)
+    lines = []
+    for k in range(P):
+        a, b = t(k, half), t(k, steps)
+        slope = (b - a) / max(1, steps - half)
+        if not (math.isfinite(a) and math.isfinite(b) and slope > 0):
+            return []
+        lines.append((a - slope * half, slope))
+    return lines
+
+
+def _last_true(holds, guess: float, lo: int, hi: int) -> int:
+    """The largest j in lo..hi where `holds(j)` (true up to some j, false after; `holds(lo)`
+    is known to be true): galloping out from `guess`, then bisecting."""
+    g = min(hi, max(lo, round(guess)))
+    if g == lo or holds(g):
         lo, d = g, 1
-        while lo < top:
-            nxt = min(top, lo + d)
+        while lo < hi:
+            nxt = min(hi, lo + d)
             if holds(nxt):
                 lo, d = nxt, 2 * d
             else:
                 hi = nxt - 1
                 break
-        else:
-            hi = top
     else:
         hi, d = g - 1, 1
-        while hi > 0:
-            nxt = max(0, hi - d)
-            if nxt == 0 or holds(nxt):
+        while hi > lo:
+            nxt = max(lo, hi - d)
+            if nxt == lo or holds(nxt):
                 lo = nxt
                 break
             hi, d = nxt - 1, 2 * d
@@ -296,7 +308,7 @@ class Evaluator:
         # a unit of one sample under a larger micro-batch size: the micro-batch (the largest
         # divisor of the share up to it) changes from share to share, and so times fall
         if steps > _FILL_STEPS and unit == m:
-            ranked = self._fill_by_rank(layout, knobs, unit, steps)
+            ranked = self._fill_by_rank(layout, knobs, unit, steps, stop_at)
             if ranked is not None:
                 counts, last = ranked
                 shares = [unit * (1 + c) for c in counts]
@@ -314,8 +326,8 @@ class Evaluator:
             nxt[k] = self.pipeline_time(layout[k], shares[k] + unit, knobs)
         return tuple(shares), worst
 
-    def _fill_by_rank(self, layout: Layout, knobs: Knobs, unit: int,
-                      steps: int) -> tuple[list[int], float] | None:
+    def _fill_by_rank(self, layout: Layout, knobs: Knobs, unit: int, steps: int,
+                      stop_at: float) -> tuple[list[int], float] | None:
         """The units `water_fill` gives each pipeline after `steps` of them, and the time of the
         last one given, from O(P^2 log^2 steps) pipeline times instead of one per unit; None
         when some time it reads falls as its share grows (or is nan), where only the unit-by-unit
@@ -327,7 +339,8 @@ class Evaluator:
         pipeline k's j-th unit is taken iff fewer than `steps` units precede it in that order:
         j - 1 of its own, and of every other pipeline q those of time <= t_k(j) (q < k) or
         < t_k(j) (q > k), each counted by bisection. The last unit taken is the largest time
-        taken; the fill stops (inf) iff it reaches `stop_at` or is inf."""
+        taken; the fill stops (inf) iff it reaches `stop_at` or is inf, and when it reaches
+        `stop_at` it has taken every unit of time below it."""
         P = len(layout)
         seen: list[dict[int, float]] = [{} for _ in range(P)]
         # per pipeline, the units read so far and their times, in order: a bisection starts
@@ -349,42 +362,32 @@ class Evaluator:
             cut = (bisect.bisect_right if ties else bisect.bisect_left)(times[q], v)
             lo = units[q][cut - 1] if cut else 0
             hi = units[q][cut] - 1 if cut < len(units[q]) else steps
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                x = t(q, mid)
-                if x < v or (ties and x == v):
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return lo
+            guess = hi if v == math.inf else (v - lines[q][0]) / lines[q][1] if lines else (lo + hi) / 2
+            return _last_true(lambda j: t(q, j) < v or (ties and t(q, j) == v), guess, lo, hi)
 
         def before(k: int, j: int) -> int:
             v = t(k, j)
             return j - 1 + sum(taken(q, v, q < k) for q in range(P) if q != k)
 
-        counts = [_last_true(lambda j, k=k: before(k, j) < steps, guess, steps)
-                  for k, guess in enumerate(self._fill_guess(t, P, steps))]
-        for k in range(P):
-            if any(math.isnan(x) for x in times[k]) or any(b < a for a, b in itertools.pairwise(times[k])):
-                return None
-        if sum(counts) != steps:
+        def falls() -> bool:
+            return any(math.isnan(x) for k in range(P) for x in times[k]) or \
+                any(b < a for k in range(P) for a, b in itertools.pairwise(times[k]))
+
+        lines = _fill_lines(t, P, steps)
+        # the greedy stops at its first unit of time >= stop_at (or inf), having taken every one below
+        below = [taken(k, stop_at, False) for k in range(P)]
+        if sum(below) < steps:
+            return None if falls() else (below, math.inf)
+        if lines:
+            level = (steps + sum(a / s for a, s in lines)) / sum(1 / s for _, s in lines)
+            guesses = [(level - a) / s for a, s in lines]
+        else:
+            guesses = [steps / P] * P
+        counts = [_last_true(lambda j, k=k: before(k, j) < steps, g, 0, steps) for k, g in enumerate(guesses)]
+        if falls() or sum(counts) != steps:
             return None
         return counts, max(t(k, c) for k, c in enumerate(counts) if c)
 
-    @staticmethod
-    def _fill_guess(t, P: int, steps: int) -> list[int]:
-        """Units of each pipeline where its time, fitted as a line through its times at half and
-        all the units, reaches the level they share: where `_fill_by_rank` starts to look (a
-        start only, so any guess gives the same shares; a near one saves most cost-model runs)."""
-        lines = []
-        for k in range(P):
-            a, b = t(k, max(1, steps // 2)), t(k, steps)
-            slope = (b - a) / max(1, steps - max(1, steps // 2))
-            if not (math.isfinite(a) and math.isfinite(b) and slope > 0):
-                return [steps // P] * P
-            lines.append((a - slope * max(1, steps // 2), slope))
-        level = (steps + sum(a / s for a, s in lines)) / sum(1 / s for _, s in lines)
-        return [min(steps, max(0, round((level - a) / s))) for a, s in lines]
 
     # ---- batch shares ------------------------------------------------------------------
 
