@@ -136,7 +136,26 @@ class ResumeState:
         if not isinstance(blob, dict) or blob.get("format") != _FORMAT or not names <= blob.keys():
             raise SpantrainError(f"TrainConfig.resume: {path} is not a resume state of this spantrain version; "
                                  f"{_INSTEAD}")
+        # settings this version does not know (another version's state) failed later as "TrainConfig has no field X"
+        from spantrain.policies.train_config import TrainConfig
+
+        try:
+            TrainConfig.from_dict(blob["config"])
+        except (SpantrainError, TypeError, AttributeError) as e:
+            raise SpantrainError(f"TrainConfig.resume: {path} is not a resume state of this spantrain version "
+                                 f"(its settings: {e}); {_INSTEAD}") from None
         return cls(**{k: blob[k] for k in names})
+
+    def restore(self, policy, path: Path) -> None:
+        """Load the actor-critic's weights and Adam's state into `policy` (SB3's, built from
+        this state's config); `SpantrainError` in one line when they do not fit it: a state
+        another spantrain version wrote, whose network differs (was torch's many-line traceback)."""
+        try:
+            policy.load_state_dict(self.policy)
+            policy.optimizer.load_state_dict(self.optimizer)
+        except (RuntimeError, ValueError, KeyError, TypeError):
+            raise SpantrainError(f"TrainConfig.resume: {path} holds weights that do not fit the network this "
+                                 f"spantrain version builds from its settings; {_INSTEAD}") from None
 
     def check_config(self, config) -> None:
         """`SpantrainError` naming every setting of `config` (a `TrainConfig`) that differs from

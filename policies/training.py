@@ -283,7 +283,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         if value is not None:
             model.policy.value_net.load_state_dict(value)
     if resumed is not None:
-        _restore(model, resumed)
+        _restore(model, resumed, out)
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       name=out.resolve().name or None, dir=out / "wandb",
@@ -572,14 +572,15 @@ def _diverged(policy) -> bool:
     return not all(bool(torch.isfinite(p).all()) for p in policy.parameters())
 
 
-def _restore(model, state) -> None:
+def _restore(model, state, out: Path) -> None:
     """Put a resumed run's PPO back as it was: weights, Adam, counters, random state; its
     environments start fresh episodes from a seed of their own (the first part's would
     replay its opening episodes)."""
     import torch
 
-    model.policy.load_state_dict(state.policy)
-    model.policy.optimizer.load_state_dict(state.optimizer)
+    from spantrain.policies.resume import RESUME_FILE
+
+    state.restore(model.policy, out / RESUME_FILE)
     model.num_timesteps = state.num_timesteps
     model._n_updates = state.n_updates
     torch.set_rng_state(state.torch_rng)

@@ -100,6 +100,25 @@ def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
     assert expected in err and "Traceback" not in err, err
 
 
+def test_a_state_of_another_version_is_one_line_and_left_as_it_was(run_cli, tmp_path):
+    """Settings this version does not know, or weights its network does not take: one line
+    naming the file and what to do, not "TrainConfig has no field" or torch's traceback."""
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 0, err
+    state = ResumeState.from_dir(run)
+    for case in ("unknown setting", "other network"):
+        config = ({**state.config, "colour": 1} if case == "unknown setting" else
+                  {**state.config, "hidden": 32})  # the weights are hidden 16's
+        dataclasses.replace(state, config=config).save(run)
+        before = (run / RESUME_FILE).read_bytes()
+        code, out, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "96")
+        assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"--resume: {run / RESUME_FILE} " in err and "start a new run from one of its policy files" in err, err
+        assert (run / RESUME_FILE).read_bytes() == before
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
     from sb3_contrib import MaskablePPO
