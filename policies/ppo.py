@@ -116,8 +116,19 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     if not isinstance(blob, dict) or "format" not in blob:
         what = "a dict without a 'format' key" if isinstance(blob, dict) else f"a {type(blob).__name__}"
         raise PolicyError(f"{who} is not a spantrain policy file (it holds {what}): {fix}")
+    # another spantrain version's file: its writer, or this version's training, can make one that loads
+    again = (f"reinstall spantrain{heuristic}" if shipped else
+             "retrain it with this version's `spantrain train-policy`, or use the spantrain version that wrote it")
     if blob["format"] != _FORMAT:
-        raise PolicyError(f"policy file {path} has format {shown(blob['format'])}, expected {_FORMAT}")
+        raise PolicyError(f"{who} has format {shown(blob['format'])}, this spantrain version reads format "
+                          f"{_FORMAT}: {again}")
+    # the rollout length and migration horizon deployment reads: a bad one failed mid-plan with a traceback
+    env = blob.get("env", {})
+    bad = ([f"env {shown(env)}"] if not isinstance(env, dict) else
+           [f"{k} {shown(env[k])}" for k in ("max_steps", "horizon", "max_devices") if k in env
+            and (isinstance(env[k], bool) or not isinstance(env[k], int) or env[k] < 1)])
+    if bad:
+        raise PolicyError(f"{who} has unusable settings ({', '.join(bad)}; each must be a positive integer): {again}")
     try:
         net = GraphPolicyNet(**blob["net"])
         net.load_state_dict(blob["state_dict"])

@@ -306,6 +306,30 @@ def test_a_policy_whose_network_does_not_build_is_unusable(tmp_path):
     assert "\n" not in str(e.value) and "--planner heuristic" not in str(e.value)
 
 
+@pytest.mark.parametrize("change, reason", [
+    ({"format": 2}, "has format 2, this spantrain version reads format 1"),  # was "..., expected 1": no fix
+    # deployment's rollout length: was a ValueError traceback from int() mid-plan
+    ({"env": {"max_steps": "x", "horizon": 500}}, "has unusable settings (max_steps 'x'; each must be a positive "
+                                                  "integer)"),
+    ({"env": {"max_steps": 12, "horizon": 0}}, "has unusable settings (horizon 0; each must be a positive integer)"),
+    ({"env": [12]}, "has unusable settings (env [12]; each must be a positive integer)"),
+])
+def test_a_policy_file_of_another_version_is_one_line_naming_the_fix(tmp_path, change, reason):
+    import torch
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies import ppo
+
+    blob = torch.load(ppo.SHIPPED_POLICY, map_location="cpu", weights_only=True)
+    other = tmp_path / "other.pt"
+    torch.save({**blob, **change}, other)
+    with pytest.raises(PolicyError) as e:
+        ppo.PPOPlanner(policy=str(other)).plan(generate(8, seed=4, profile="geo"),
+                                               Workload.from_preset("gpt2-medium"))
+    assert str(e.value) == (f"--policy {other} {reason}: retrain it with this version's `spantrain train-policy`, "
+                            "or use the spantrain version that wrote it")
+
+
 def test_sampled_rollouts_shrink_beyond_training_sizes(monkeypatch):
     from spantrain.policies import ppo
 
