@@ -307,6 +307,13 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     curve: list[dict[str, float]] = list(resumed.curve) if resumed else []
     # the evaluated policy with the best held-out geomean so far
     best: dict[str, Any] = dict(resumed.best) if resumed else {}
+    if best and not run_file(out, best["policy"]).is_file():
+        # moved or removed since (a finished run's best-policy.pt, copied away): the run's end loads the
+        # best to write best-policy.pt, and failed there after all the training, on every resume
+        print(f"train-policy: note: the run's best policy so far (step {best['steps']:,}, {best['policy']}) is no "
+              f"longer in {out}: the best is chosen from the evaluations from here on and the final policy",
+              file=sys.stderr)
+        best = {}
     imitation: list[dict[str, Any]] = list(resumed.imitation) if resumed else []
     learned = {"steps": model.num_timesteps}  # PPO steps the last update learned from
     # between a rollout's end and the next one's start PPO updates the weights and Adam in

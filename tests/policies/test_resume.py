@@ -119,6 +119,27 @@ def test_a_state_of_another_version_is_one_line_and_left_as_it_was(run_cli, tmp_
         assert (run / RESUME_FILE).read_bytes() == before
 
 
+def test_a_run_whose_best_policy_was_moved_away_resumes_to_its_end(run_cli, tmp_path):
+    """A finished run's best-policy.pt copied away, then trained further: the end of the run
+    loaded the missing file and failed after all the training, on every resume."""
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 0, err
+    state = ResumeState.from_dir(run)
+    assert state.best["policy"] == "best-policy.pt"
+    # a best the later evaluations do not reach, as a run's best often is
+    dataclasses.replace(state, best={**state.best, "geomean_ratio": 99.0}).save(run)
+    (run / "best-policy.pt").rename(tmp_path / "kept.pt")
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "96")
+    assert code == 0, err
+    assert (f"note: the run's best policy so far (step 48, best-policy.pt) is no longer in {run}: the best is "
+            "chosen from the evaluations from here on") in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best"]["steps"] == 96 and (run / "best-policy.pt").is_file()
+    assert ResumeState.from_dir(run).finished
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
     from sb3_contrib import MaskablePPO
