@@ -130,7 +130,8 @@ class ResumeState:
         except Exception as e:  # truncated by a full disk, or not ours
             from spantrain.policies.ppo import load_failure
 
-            why = load_failure(e, path)
+            # torch's unpickler reads a text file's first byte as a key: "KeyError: 105" said nothing
+            why = "not a torch file of tensors and plain data" if isinstance(e, KeyError) else load_failure(e, path)
             raise SpantrainError(f"TrainConfig.resume: {path} is damaged ({why}); {_INSTEAD}") from None
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(blob, dict) or blob.get("format") != _FORMAT or not names <= blob.keys():

@@ -71,7 +71,7 @@ def test_only_how_long_and_how_a_run_trains_may_change(tmp_path):
         TrainConfig(resume=True, init_policy="p.pt")
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "imitation only", "damaged", "foreign", "a file",
+@pytest.mark.parametrize("case", ["missing", "empty", "imitation only", "damaged", "text", "foreign", "a file",
                                   "empty name"])
 def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
     run = tmp_path / "run"
@@ -83,6 +83,8 @@ def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
         (run / "interrupted-policy.pt").write_bytes(b"weights")
     if case == "damaged":
         (run / RESUME_FILE).write_bytes(b"\x80\x02 half a file")
+    if case == "text":  # was "is damaged (KeyError: 105)"
+        (run / RESUME_FILE).write_text("hi\n")  # a short text: torch raises KeyError
     if case == "foreign":
         torch.save({"format": 99}, run / RESUME_FILE)
     code, out, err = run_cli("train-policy", "--resume", "--out-dir", "" if case == "empty name" else run,
@@ -92,6 +94,8 @@ def test_nothing_to_resume_is_one_line_naming_the_fix(run_cli, tmp_path, case):
                 "empty": f"it holds no {RESUME_FILE}, which a run writes from PPO's start on",
                 "imitation only": "start anew without --resume, in another --out-dir or after removing this one",
                 "damaged": f"{run / RESUME_FILE} is damaged (",
+                "text": f"{run / RESUME_FILE} is damaged (not a torch file of tensors and plain data); start a new "
+                        "run from one of its policy files instead",
                 "foreign": "is not a resume state of this spantrain version; start a new run from one of its "
                            "policy files instead (--init-policy, in another --out-dir)",
                 # was "nothing to resume in ...: it does not exist"
