@@ -207,6 +207,12 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         resumed = ResumeState.from_dir(out)
         resumed.check_config(config)
         held.enter_context(run_dir_lock(out, "TrainConfig.out_dir"))
+        # as a new run's is checked (`_check_out_dir`): else the first save failed, torch's traceback
+        # after the heuristic starts (a run directory copied read-only, or another user's)
+        from spantrain._spec import require_writable_dir
+
+        for where in (out, out / "checkpoints"):
+            require_writable_dir(where, "TrainConfig.out_dir", SpantrainError)
     prior_s = resumed.wall_s if resumed else 0.0
 
     def elapsed() -> float:

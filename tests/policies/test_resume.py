@@ -144,6 +144,41 @@ def test_a_run_whose_best_policy_was_moved_away_resumes_to_its_end(run_cli, tmp_
     assert ResumeState.from_dir(run).finished
 
 
+@pytest.mark.parametrize("where", [".", "checkpoints"])
+def test_a_run_whose_directory_cannot_be_written_is_refused_before_any_work(run_cli, tmp_path, where):
+    """A new run's --out-dir is checked before any work; a resumed one's failed at its first save,
+    with torch's traceback ("open file failed with strerror: ...")."""
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 0, err
+    locked = run / where
+    before = (run / RESUME_FILE).read_bytes()
+    locked.chmod(0o500)
+    immutable = False
+    try:
+        try:
+            with open(locked / "probe", "w"):  # root ignores modes: the immutable flag holds it too
+                pass
+        except OSError:
+            pass
+        else:
+            (locked / "probe").unlink()
+            immutable = subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode == 0
+            if not immutable:
+                pytest.skip("no unwritable directory here")
+        code, out, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "96")
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
+        locked.chmod(0o700)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(
+        f"spantrain train-policy: error: --out-dir {locked} cannot be written ("), err
+    assert err.strip().endswith("): pass a directory this run can write"), err
+    assert (run / RESUME_FILE).read_bytes() == before
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
     from sb3_contrib import MaskablePPO
