@@ -414,6 +414,11 @@ def _check_inputs(args: argparse.Namespace, out: Path) -> dict:
     if not 0 < args.ga_budget_s <= 3600:  # per case: 1e300 s ran for ever (nan fails both comparisons)
         raise SpantrainError(f"--ga-budget-s must be a number of seconds in (0, 3600], got {args.ga_budget_s:g}")
     _, _, meta = load_policy(args.policy)
+    if not args.no_track:  # W&B starts after the whole evaluation: a setting it refuses failed only then
+        from spantrain.tracking import check_default_dir, check_environment
+
+        check_environment()
+        check_default_dir("pass --no-track")
     check_dir_option("--out", out, create=True)
     return meta
 

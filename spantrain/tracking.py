@@ -20,8 +20,8 @@ from typing import Any, TextIO
 from spantrain._say import note
 from spantrain.errors import SpantrainError
 
-__all__ = ["Tracker", "check_environment", "wandb_mode", "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S",
-           "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings",
+__all__ = ["Tracker", "check_environment", "check_default_dir", "DEFAULT_DIR", "wandb_mode", "wandb_run_id",
+           "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings",
            "print_run_line"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
@@ -109,6 +109,25 @@ def _check_directories() -> None:
                                  "directory this user can write, or unset it")
 
 
+DEFAULT_DIR = "wandb-runs"
+"""Where a `Tracker` given no `dir` keeps its files (in the working directory), unless `WANDB_DIR` is set."""
+
+
+def check_default_dir(fix: str) -> None:
+    """Refuse now, in one line, a `DEFAULT_DIR` this user cannot make (a job run from a read-only
+    directory): the `Tracker` made it only at the job's end, after all its work, with a traceback.
+    `fix`: the job's own way to go without tracking (``pass --no-track``)."""
+    from spantrain._spec import cannot_create
+
+    if os.environ.get("WANDB_DIR"):  # checked by `check_environment`
+        return
+    problem = cannot_create(DEFAULT_DIR)
+    if problem is not None:
+        raise SpantrainError(f"W&B would keep its files in ./{DEFAULT_DIR}, which cannot be written ({problem[1]} at "
+                             f"{problem[0]}): run from a directory this user can write, set WANDB_DIR to one, or "
+                             f"{fix}")
+
+
 def _refused_setting(e: Exception) -> str:
     """One line for a setting wandb refused, naming the variable it came from when it can."""
     errors = e.errors() if callable(getattr(e, "errors", None)) else []
@@ -185,7 +204,7 @@ class Tracker:
         import wandb
 
         mode = check_environment()
-        out = Path(dir or os.environ.get("WANDB_DIR", "wandb-runs"))
+        out = Path(dir or os.environ.get("WANDB_DIR", DEFAULT_DIR))
         out.mkdir(parents=True, exist_ok=True)
         # wandb stages a copy of every table and image it logs under WANDB_DATA_DIR (default
         # ~/.local/share/wandb) until it is uploaded, which offline is never unless synced: keep

@@ -104,6 +104,37 @@ def test_bad_paths_are_one_line_errors(tmp_path, capsys):
                                               "--out out for the default")
 
 
+def test_tracking_that_cannot_start_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """W&B starts after the whole evaluation (20 minutes in full): a WANDB_MODE it refuses failed
+    only then, and a ./wandb-runs this user cannot make with a traceback."""
+    from pathlib import Path
+
+    from spantrain._spec import cannot_write_in
+
+    out = tmp_path / "out"
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    assert eval_policy.main(["--quick", "--no-progress", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("eval_policy: error: WANDB_MODE=bogus is not a W&B mode: set it to "
+                                              "online, offline or disabled, or unset it")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        here = ro if cannot_write_in(ro) else Path("/sys")  # root ignores modes
+        if not cannot_write_in(here):
+            pytest.skip("no unwritable directory here")
+        monkeypatch.chdir(here)
+        assert eval_policy.main(["--quick", "--no-progress", "--out", str(out)]) == 2
+    finally:
+        ro.chmod(0o700)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eval_policy: error: W&B would keep its files in ./wandb-runs, which cannot be written "
+                          "(") and err.endswith("set WANDB_DIR to one, or pass --no-track"), err
+    assert not out.exists()
+
+
 def _row(name: str, heuristic: float, **times: float) -> dict:
     profile, n = name.split("-")
     row = {"profile": profile, "devices": int(n), "model": "gpt2-xl", "heuristic": {"iteration_s": heuristic}}
