@@ -96,7 +96,9 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
            "pass a policy file written by `spantrain train-policy` (a run's best-policy.pt, ppo-policy.pt or a "
            "checkpoint)")
     if path.is_dir():
-        raise PolicyError(f"{who} is a directory, not a policy file: {fix}")
+        # a training run's --out-dir: name the file in it to pass
+        inside = _run_policy(path) if any((path / n).is_file() for n in _RUN_POLICIES) else fix
+        raise PolicyError(f"{who} is a directory, not a policy file: {inside}")
     import torch
 
     from spantrain.policies.extractor import GraphPolicyNet
@@ -142,9 +144,13 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
     return net, blob.get("env", {}), blob.get("meta", {})
 
 
+_RUN_POLICIES = ("best-policy.pt", "ppo-policy.pt", "interrupted-policy.pt")
+"""A training run's policy files in its output directory, the one to deploy first."""
+
+
 def _run_policy(run_dir: Path) -> str:
-    """Which policy file of a training run to pass instead of its resume state."""
-    for name in ("best-policy.pt", "ppo-policy.pt", "interrupted-policy.pt"):
+    """Which policy file of a training run to pass instead of its resume state (or its directory)."""
+    for name in _RUN_POLICIES:
         if (run_dir / name).is_file():
             return f"pass its policy file {run_dir / name}"
     return "pass the run's best-policy.pt or ppo-policy.pt from the same directory (written when it ends)"

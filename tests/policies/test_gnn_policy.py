@@ -270,6 +270,25 @@ def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reas
     assert str(e.value) == f"--init-policy {bad} {reason}: {FIX}"
 
 
+def test_a_training_runs_directory_names_the_policy_file_in_it(tmp_path):
+    # was "is a directory, not a policy file: pass a policy file written by `spantrain train-policy` (...)"
+    import shutil
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import SHIPPED_POLICY, load_policy
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copyfile(SHIPPED_POLICY, run / "interrupted-policy.pt")
+    with pytest.raises(PolicyError) as e:
+        load_policy(run)
+    assert str(e.value) == f"--policy {run} is a directory, not a policy file: pass its policy file " \
+                           f"{run / 'interrupted-policy.pt'}"
+    shutil.copyfile(SHIPPED_POLICY, run / "best-policy.pt")
+    with pytest.raises(PolicyError, match=r"pass its policy file \S+best-policy\.pt$"):
+        load_policy(run)
+
+
 def test_a_runs_resume_state_is_not_taken_for_a_policy(tmp_path):
     import dataclasses
 
