@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,22 @@ LIMITS: dict[str, tuple[int, str]] = {
 }
 """Largest value of each integer field, with why: beyond, a run ran out of memory with a
 traceback or would not end (the CLI's --help shows the numbers)."""
+
+
+def _not_plain(value: Any, where: str = "") -> str | None:
+    """What in `value` is not plain data a weights-only `torch.load` takes back, or None."""
+    if value is None or type(value) in (str, int, float, bool):  # not NumPy's float64, a float torch refuses
+        return None
+    if type(value) in (list, tuple):
+        return next((p for i, v in enumerate(value) if (p := _not_plain(v, f"{where}[{i}]"))), None)
+    if type(value) is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                return f"got the key {k!r:.40} at {where or 'the top'}"
+            if p := _not_plain(v, f"{where}[{k!r}]"):
+                return p
+        return None
+    return f"got a {type(value).__name__} at {where or 'the top'}"
 
 
 def _check_number(name: str, value: Any, rule: str, ok: Callable[[float], bool], problems: list[str]) -> None:
@@ -135,6 +152,11 @@ class TrainConfig:
     """Free-form notes recorded with the run."""
 
     def __post_init__(self) -> None:
+        # kept as text: the run's resume state and policy files hold its settings as plain data, and
+        # torch's weights-only loading refused a Path there (the run's own ppo-policy.pt, at its end)
+        for name in ("out_dir", "cache_dir", "init_policy"):
+            if isinstance(getattr(self, name), os.PathLike):
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
         self.validate()
 
     def validate(self) -> None:
@@ -151,6 +173,13 @@ class TrainConfig:
 
         problems: list[str] = []
         ok: set[str] = set()  # integer fields whose own rules hold
+        for name in ("out_dir", "cache_dir"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                problems.append(f"TrainConfig.{name} must be a directory path, got {v!r:.80}")
+        if problem := _not_plain(self.extra):
+            problems.append("TrainConfig.extra must hold plain data (text, numbers, booleans, None, and lists and "
+                            f"dicts of them), {problem}")
         for name in ("timesteps", "start_kicks", "imitation_episodes"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:

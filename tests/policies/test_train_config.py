@@ -38,6 +38,33 @@ def test_init_policy_must_be_a_path_and_leave_ppo_steps_to_run():
     assert TrainConfig(init_policy="p.pt", timesteps=10).init_policy == "p.pt"
 
 
+def test_paths_as_pathlib_gives_them_make_a_run_whose_files_load(tmp_path):
+    """`out_dir=Path(...)`, as Python code writes it: the settings in the run's files held a
+    PosixPath, which weights-only loading refuses: the run failed at its end loading its own
+    ppo-policy.pt ("not a spantrain policy file"), and its resume.pt was "damaged"."""
+    import numpy as np
+
+    from spantrain.policies.ppo import load_policy
+    from spantrain.policies.resume import ResumeState
+    from spantrain.policies.training import train
+
+    config = TrainConfig(timesteps=48, n_envs=2, n_steps=24, batch_size=24, n_epochs=1, max_devices=6,
+                         min_devices=4, models=("gpt2-medium",), pool_size=3, eval_scenarios=2, eval_every=48,
+                         hidden=16, layers=1, imitation_episodes=0, workers=1, track=False, progress=False,
+                         out_dir=tmp_path / "run", cache_dir=tmp_path / "cache")
+    summary = train(config)
+    load_policy(summary["best"]["policy"])
+    assert ResumeState.from_dir(tmp_path / "run").finished
+    assert (config.out_dir, config.cache_dir) == (str(tmp_path / "run"), str(tmp_path / "cache"))
+    assert TrainConfig(init_policy=tmp_path / "p.pt", timesteps=1).init_policy == str(tmp_path / "p.pt")
+    # free-form notes go into the same files: what they cannot hold is named at once
+    with pytest.raises(SpantrainError, match=r"^TrainConfig\.extra must hold plain data .*got a float64 at "
+                                             r"\['loss'\]\[1\]$"):
+        TrainConfig(extra={"loss": [1.0, np.float64(2.0)]})
+    with pytest.raises(SpantrainError, match=r"^TrainConfig\.out_dir must be a directory path, got 5$"):
+        TrainConfig(out_dir=5)
+
+
 def test_missing_init_policy_fails_before_any_work(tmp_path):
     from spantrain.policies.training import train
 
