@@ -449,6 +449,10 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                 model.logger.dump(step=model.num_timesteps + 1)
             t_train = elapsed()
             phase = "final evaluation"
+            if due is None and not any(p["steps"] == model.num_timesteps for p in curve):
+                # the last update is a checkpoint as well, on the curve and its plot: a run that ended
+                # between two --eval-every steps (or before the first) had its final evaluation on neither
+                due = checkpoint(model.num_timesteps)
             net.eval()
             # the last update's checkpoint evaluated these very weights (a deterministic evaluation)
             final = due or evaluate_policy(net, eval_scenarios, steps=config.max_steps, horizon=env_cfg.horizon)

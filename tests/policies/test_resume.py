@@ -179,6 +179,24 @@ def test_a_run_whose_directory_cannot_be_written_is_refused_before_any_work(run_
     assert (run / RESUME_FILE).read_bytes() == before
 
 
+def test_the_last_update_is_a_checkpoint_on_the_curve_between_evaluations(run_cli, tmp_path):
+    """A run that ends between two --eval-every steps (here before the first): its final
+    evaluation was on neither the curve nor its plot, and no checkpoint held its last update."""
+    run = tmp_path / "run"
+    code, _, err = run_cli("train-policy", "--timesteps", "96", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY, "--eval-every", "1000")
+    assert code == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["steps"] for p in summary["curve"]] == [96]
+    assert summary["curve"][0]["geomean_ratio"] == summary["final"]["geomean_ratio"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["policy-96.pt"]
+    assert (run / "sample_efficiency.png").is_file()
+    # trained further: the next part's last update joins the same curve
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "144")
+    assert code == 0, err
+    assert [p["steps"] for p in json.loads((run / "summary.json").read_text())["curve"]] == [96, 144]
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
     from sb3_contrib import MaskablePPO
