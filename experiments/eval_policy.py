@@ -216,6 +216,22 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool, batch_scal
     return rows
 
 
+def _strict(value):
+    """`value` as strict JSON takes it: NumPy numbers as Python's, NaN and infinities (a geomean
+    over no feasible plan) as None; json wrote them as bare NaN, which strict parsers (JavaScript's, Go's) refuse."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
 def _geomean(x) -> float:
     x = np.asarray([v for v in x if np.isfinite(v) and v > 0])
     return float(np.exp(np.mean(np.log(x)))) if len(x) else float("nan")
@@ -486,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             tracker.log_image(img.stem, img)
         where = tracker.url_or_dir
     if args.json:
-        print(json.dumps(summary, default=float))
+        print(json.dumps(_strict(summary), allow_nan=False, default=float))
     else:
         print(table)
     print_run_line(where, file=sys.stderr if args.json else sys.stdout)

@@ -135,6 +135,29 @@ def test_tracking_that_cannot_start_is_refused_before_any_work(tmp_path, capsys,
     assert not out.exists()
 
 
+def test_json_on_stdout_is_strict_where_no_plan_was_feasible(tmp_path, capsys, monkeypatch):
+    """A planner with no feasible plan in a group has no geomean (NaN): --json printed a bare
+    NaN there (128 devices, ppo-alone, in the README's run), which strict JSON parsers refuse."""
+    real = eval_policy.summarize
+
+    def none_feasible(rows, adapt):
+        summary = real(rows, adapt)
+        for entry in summary["planning"].values():
+            entry["ppo-alone"]["geomean_ratio"] = eval_policy._geomean([0.0])  # as for all-infeasible ratios
+        return summary
+
+    monkeypatch.setattr(eval_policy, "summarize", none_feasible)
+    assert eval_policy.main(["--quick", "--json", "--no-track", "--no-progress", "--ga-budget-s", "0.2",
+                             "--beam-width", "0", "--latency-repeats", "1", "--out", str(tmp_path)]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    summary = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert all(entry["ppo-alone"]["geomean_ratio"] is None for entry in summary["planning"].values())
+    assert summary["planning"]["training sizes (8-32)"]["ppo"]["geomean_ratio"] > 0
+
+
 def _row(name: str, heuristic: float, **times: float) -> dict:
     profile, n = name.split("-")
     row = {"profile": profile, "devices": int(n), "model": "gpt2-xl", "heuristic": {"iteration_s": heuristic}}
