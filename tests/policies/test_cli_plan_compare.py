@@ -390,8 +390,8 @@ def test_a_cluster_of_cpus_planned_with_the_gpu_constants_gets_a_note(run_cli, t
         d.update(gpu="cpu", tflops=0.05, memory_gb=8)
     cpus = tmp_path / "cpus.yaml"
     cpus.write_text(yaml.safe_dump(demo_spec))
-    code, out, err = run_cli("plan", "--cluster", cpus, "--model", "tiny-gpt", "--planner", "heuristic",
-                             "-o", tmp_path / "p.json")
+    code, _, err = run_cli("plan", "--cluster", cpus, "--model", "tiny-gpt", "--planner", "heuristic",
+                           "-o", tmp_path / "p.json")
     assert code == 0, err
     hint = "the cluster's devices are CPUs and the built-in constants describe GPUs: pass --calibration emulated-cpu"
     assert f"spantrain plan: note: {hint}" in err, err
