@@ -508,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else (Path("out/bench_planners_quick") if args.quick else ROOT / "results")
     try:
         saved = load_saved(args.from_json) if args.from_json else None
+        if args.track:  # W&B starts after every case: a setting it refuses failed only then
+            from spantrain.tracking import check_can_track
+
+            check_can_track()
         check_dir_option("--out", out, create=True)
     except SpantrainError as e:
         return bad_input("bench_planners", e)

@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         model, workload, configs = _setup(args)
+        if args.track:  # W&B starts after every run: a setting it refuses failed only then
+            from spantrain.tracking import check_can_track
+
+            check_can_track()
     except SpantrainError as e:
         return bad_input("bench_runtime", e)
 

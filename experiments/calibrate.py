@@ -392,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     from spantrain.errors import SpantrainError
 
     try:
+        if args.track:  # W&B starts after the whole suite (50 min): a setting it refuses failed only then
+            from spantrain.tracking import check_can_track
+
+            check_can_track()
         calibration, measured, suite = _inputs(args)
     except SpantrainError as e:
         return bad_input("calibrate", e)

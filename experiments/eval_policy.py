@@ -431,10 +431,9 @@ def _check_inputs(args: argparse.Namespace, out: Path) -> dict:
         raise SpantrainError(f"--ga-budget-s must be a number of seconds in (0, 3600], got {args.ga_budget_s:g}")
     _, _, meta = load_policy(args.policy)
     if not args.no_track:  # W&B starts after the whole evaluation: a setting it refuses failed only then
-        from spantrain.tracking import check_default_dir, check_environment
+        from spantrain.tracking import check_can_track
 
-        check_environment()
-        check_default_dir("pass --no-track")
+        check_can_track()
     check_dir_option("--out", out, create=True)
     return meta
 

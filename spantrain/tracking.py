@@ -20,9 +20,9 @@ from typing import Any, TextIO
 from spantrain._say import note
 from spantrain.errors import SpantrainError
 
-__all__ = ["Tracker", "check_environment", "check_default_dir", "DEFAULT_DIR", "wandb_mode", "wandb_run_id",
-           "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs", "RUN_ID_FILE", "describe_run", "part_settings",
-           "print_run_line"]
+__all__ = ["Tracker", "check_environment", "check_can_track", "check_default_dir", "DEFAULT_DIR", "wandb_mode",
+           "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs", "RUN_ID_FILE",
+           "describe_run", "part_settings", "print_run_line"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
 """What `WANDB_MODE` may say (wandb's own list)."""
@@ -111,6 +111,14 @@ def _check_directories() -> None:
 
 DEFAULT_DIR = "wandb-runs"
 """Where a `Tracker` given no `dir` keeps its files (in the working directory), unless `WANDB_DIR` is set."""
+
+
+def check_can_track(fix: str = "pass --no-track") -> None:
+    """Before a tracked job's work, what would stop its `Tracker` from starting at the end: a
+    ``WANDB_*`` setting wandb refuses (`check_environment`) and a `DEFAULT_DIR` this user cannot
+    make (`check_default_dir`; `fix` is the job's own way to go without tracking)."""
+    check_environment()
+    check_default_dir(fix)
 
 
 def check_default_dir(fix: str) -> None:
