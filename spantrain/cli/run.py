@@ -127,6 +127,9 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="measure the plan's links in-band after the first iteration and whenever iterations drift, "
                    "and write the links that changed into RUN_DIR/cluster-measured.json; with --adapt the run "
                    "re-plans on it (--emulate and torchrun runs; default: on with --adapt)")
+    p.add_argument("--policy", metavar="FILE",
+                   help="policy file for --planner and --adapt-planner ppo or auto, e.g. one `spantrain train-policy` "
+                   "wrote (default: the shipped policy)")
     p.add_argument("--adapt-planner", default="auto", metavar="NAME",
                    help="with --adapt: who proposes the new plan: auto (the policy and the heuristic, default), "
                    "ppo, heuristic or any planner of `spantrain compare`")
@@ -184,6 +187,15 @@ def _check_numbers(args: argparse.Namespace) -> None:
         from spantrain.policies.registry import get_planner
 
         get_planner(args.adapt_planner)  # an unknown name fails now, not at the first change
+    if args.policy is not None:
+        users = [f for f, name in (("--planner", args.planner), ("--adapt-planner", args.adapt and args.adapt_planner))
+                 if name in _POLICY_PLANNERS]
+        if not users:
+            raise ExecutionError("--policy is for the policy's planners: add --planner ppo or auto, or --adapt "
+                                 "(whose --adapt-planner auto uses it), or leave it out")
+        from spantrain.cli.plan import check_policy
+
+        check_policy(args.policy)  # a file that does not load fails now, not at the first change
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -438,6 +450,15 @@ def _checkpoint_dir_of(run_dir: Path) -> Path | None:
     return path if latest_checkpoint(path) is not None else None
 
 
+_POLICY_PLANNERS = ("ppo", "auto")
+"""The planners that run the policy, and so take --policy."""
+
+
+def _policy_option(args: argparse.Namespace, planner: str | None) -> dict[str, str]:
+    """`planner`'s keyword options: --policy for the planners that run the policy."""
+    return {"policy": args.policy} if args.policy and planner in _POLICY_PLANNERS else {}
+
+
 def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
 
     if args.plan:
@@ -445,7 +466,7 @@ def _make_plan(args: argparse.Namespace, cluster, workload, calibration):
     from spantrain.planner import plan_with
     from spantrain.policies.registry import get_planner
 
-    return plan_with(get_planner(args.planner), cluster, workload, calibration)
+    return plan_with(get_planner(args.planner, **_policy_option(args, args.planner)), cluster, workload, calibration)
 
 
 def _check_network(path: str, emulate: bool, plan) -> None:
@@ -701,7 +722,8 @@ def _run(args: argparse.Namespace) -> int:
                                       measured_file=ClusterFile(run_dir / "cluster-measured.json")
                                       if cfg.measure_links else None,
                                       steps=args.steps, replan=_replanner(args.adapt_planner, cluster, workload, plan,
-                                                                          calibration, args.emulate_network),
+                                                                          calibration, args.emulate_network,
+                                                                          _policy_option(args, args.adapt_planner)),
                                       # above the progress bar when there is one
                                       note=lambda m: tqdm.write(f"spantrain run: note: {m}", file=sys.stderr))
                     result = run_adapting(cfg, launch, adapter)
@@ -742,17 +764,20 @@ def _stopped_by(ranks: list[dict[str, Any]]) -> str:
     return "; ".join(f"worker rank {r['rank']} (device {r['device']}) got {r['signal']}" for r in ranks)
 
 
-def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None):
+def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated_network: str | None = None,
+               options: dict[str, Any] | None = None):
     """`--adapt`'s re-planner: `spantrain.policies.adapt.adapt_plan` with `planner`, as a `Decision`.
     With `emulated_network` (--emulate-network), only the devices that file emulates can be
-    planned on: the others of the cluster file exist for the run, not for the emulator."""
+    planned on: the others of the cluster file exist for the run, not for the emulator. `options`
+    go to the planner (``policy=FILE``)."""
     from spantrain.policies.adapt import adapt_plan
     from spantrain.runtime.adapter import Decision
 
     # Decide once now, on the cluster as it is: loading the cost model's compiled kernels and the
     # policy takes seconds, which would otherwise pass at the first change while the workers train on.
     with contextlib.suppress(SpantrainError):  # only the loading matters here; a plan that fails is the run's
-        adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration)
+        adapt_plan(cluster, workload, plan, remaining_steps=1, planner=planner, calibration=calibration,
+                   **(options or {}))
 
     emulated_ids: set[str] | None = None
 
@@ -764,7 +789,7 @@ def _replanner(planner: str, cluster, workload, plan, calibration=None, emulated
             if emulated_ids is not None:  # a switch onto a device not emulated failed the run
                 cluster = cluster.subset([d for d in cluster.ids if d in emulated_ids])
         a = adapt_plan(cluster, workload, running, remaining_steps=remaining, planner=planner,
-                       calibration=calibration)
+                       calibration=calibration, **(options or {}))
         chosen = a.option(a.chosen)
         kept = a.option("keep") if any(o.name == "keep" for o in a.options) else None
         fits = kept is not None and math.isfinite(kept.iteration_s)

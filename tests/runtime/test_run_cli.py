@@ -751,3 +751,39 @@ def test_a_model_of_a_tiny_vocabulary_is_refused_with_the_fix(tmp_path):
     assert code == 2 and err.count("\n") == 1, err
     assert err.rstrip().endswith("it has 33: set the architecture's vocab_size to 256 or more to run it (the runtime "
                                  "trains on bytes; planning takes any size)"), err
+
+
+def test_run_plans_and_adapts_with_a_user_trained_policy(tmp_path, monkeypatch):
+    # run had no --policy: a policy the user trained could drive a run only through plan -o, and
+    # --adapt's re-plans always used the shipped one
+    from spantrain.cli.run import _replanner
+    from spantrain.cluster import Cluster
+    from spantrain.plan import Plan
+    from spantrain.policies import ppo
+
+    mine = tmp_path / "my-policy.pt"
+    shutil.copy(ppo.SHIPPED_POLICY, mine)  # a policy file of the user's, as train-policy writes them
+    loaded = []
+    real = ppo.load_policy
+    monkeypatch.setattr(ppo, "load_policy", lambda path=None, **kw: loaded.append(path) or real(path, **kw))
+    cluster, model = write_inputs(tmp_path)
+    base = ["run", "--cluster", str(cluster), "--model", str(model), "--steps", "1", "--json"]
+    code, out, err = spantrain_here(*base, "--planner", "ppo", "--policy", str(mine), "--run-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    assert str(mine) in map(str, loaded) and None not in loaded  # planned with the user's policy alone
+    assert json.loads(out)["plan"]["pipelines"]
+    # --adapt's re-planner takes it too
+    loaded.clear()
+    spec, w = Cluster.from_file(cluster), workload()
+    running = Plan.from_dict(json.loads(out)["plan"])
+    _replanner("auto", spec, w, running, options={"policy": str(mine)})(running, spec, 10)
+    assert loaded and all(str(p) == str(mine) for p in loaded), loaded
+    # and what cannot use it is one line before any work
+    (tmp_path / "p.json").write_text(json.dumps(running.to_dict()))
+    for extra, needle in ((["--plan", str(tmp_path / "p.json")], "--policy is for the policy's planners"),
+                          (["--planner", "heuristic"], "--policy is for the policy's planners"),
+                          (["--planner", "auto"], "missing.pt")):
+        policy = str(tmp_path / "missing.pt") if needle == "missing.pt" else str(mine)
+        code, out, err = spantrain_here(*base, *extra, "--policy", policy, "--run-dir", str(tmp_path / "bad"))
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert not (tmp_path / "bad").exists()
