@@ -25,6 +25,7 @@ import contextlib
 import errno
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,9 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
         # a training run's --out-dir: name the file in it to pass
         inside = _run_policy(path) if any((path / n).is_file() for n in _RUN_POLICIES) else fix
         raise PolicyError(f"{who} is a directory, not a policy file: {inside}")
+    with contextlib.suppress(OSError):  # unreadable: torch.load says so below
+        if not stat.S_ISREG(path.stat().st_mode):  # torch.load waited on a FIFO for a writer, for ever
+            raise PolicyError(f"{who} is not a regular file (a pipe or a device): {fix}")
     import torch
 
     from spantrain.policies.extractor import GraphPolicyNet

@@ -270,6 +270,23 @@ def test_a_file_that_is_not_a_policy_is_a_one_line_error(tmp_path, content, reas
     assert str(e.value) == f"--init-policy {bad} {reason}: {FIX}"
 
 
+@pytest.mark.timeout(60)
+def test_a_pipe_as_the_policy_file_is_refused_not_waited_on(tmp_path, run_cli):
+    from spantrain.errors import PolicyError
+    from spantrain.policies.ppo import load_policy
+
+    root = Path(__file__).resolve().parents[2]
+
+    fifo = tmp_path / "policy.pt"
+    os.mkfifo(fifo)  # torch.load waited for a writer that never came
+    with pytest.raises(PolicyError, match=r"^--policy .*policy\.pt is not a regular file \(a pipe or a device\): "
+                                          "pass a policy file written by `spantrain train-policy`"):
+        load_policy(fifo)
+    code, out, err = run_cli("plan", "--cluster", root / "examples" / "cee-demo.yaml", "--model", "tiny-gpt",
+                             "--planner", "ppo", "--policy", fifo)
+    assert code == 2 and out == "" and "is not a regular file" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_training_runs_directory_names_the_policy_file_in_it(tmp_path):
     # was "is a directory, not a policy file: pass a policy file written by `spantrain train-policy` (...)"
     import shutil
