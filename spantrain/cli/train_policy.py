@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     # only the JSON object).
     out = sys.stderr if args.json else sys.stdout
     final = summary["final"]
-    print(f"trained in {summary['train_s'] / 60:.1f} min (heuristic starts {summary['starts_s']:.0f} s); "
+    took = summary["train_s"]  # a smoke run's "0.0 min" said nothing
+    took = f"{took / 60:.1f} min" if took >= 60 else f"{took:.1f} s"
+    print(f"trained in {took} (heuristic starts {summary['starts_s']:.0f} s); "
           f"policy {summary['policy']}", file=out)
     print(f"held-out (heuristic plans to improve, and to adapt to a network change): effective throughput "
           f"vs the start median {final['median_ratio']:.4f}, geomean {final['geomean_ratio']:.4f} (planning "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -404,6 +405,7 @@ def test_train_policy_cli_ships_the_best_evaluated_policy(run_cli, tmp_path, mon
     assert code == 0, err
     lines = out.strip().splitlines()
     assert len(lines) == 4 and lines[0].startswith("trained in ") and lines[1].startswith("held-out "), out
+    assert re.match(r"trained in \d+\.\d s \(", lines[0]), lines[0]  # a smoke run's time was "0.0 min"
     assert lines[2].startswith("best held-out evaluation at step 0"), out
     assert lines[3] == f"shipped it to {shipped}, which `ppo` and `auto` load", out  # there was none before
     assert "trained in" not in err and "held-out" not in err, err
