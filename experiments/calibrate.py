@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from spantrain.cli import OneLineParser
+from spantrain.cluster import LayerTimes
 from spantrain.experiments._args import bad_input
 from spantrain.experiments.calibrate_report import (
     cluster_summary,
@@ -232,12 +233,22 @@ def median_profile(specs: list[dict[str, Any]]) -> dict[str, Any]:
         same = [b[d["id"]] for b in by_id]
         d = {**d, "tflops": statistics.median(x["tflops"] for x in same)}
         if "layer_times" in d:
-            d["layer_times"] = {
-                m: {k: ([statistics.median(x["layer_times"][m][k][i] for x in same) for i in range(len(v))]
-                        if isinstance(v, list) else v) for k, v in lt.items()}
-                for m, lt in d["layer_times"].items()}
+            # in seconds: a profile writes a list in forward_s/backward_s where no ms figure reads back
+            times = [{m: LayerTimes(batch=lt["batch"], forward_s=_seconds(lt, "forward"),
+                                    backward_s=_seconds(lt, "backward"))
+                      for m, lt in x["layer_times"].items()} for x in same]
+            d["layer_times"] = {m: LayerTimes(batch=first.batch, **{
+                k: tuple(statistics.median(col) for col in zip(*(getattr(t[m], k) for t in times), strict=True))
+                for k in ("forward_s", "backward_s")}).to_spec() for m, first in times[0].items()}
         devices.append(d)
     return {**specs[0], "devices": devices}
+
+
+def _seconds(times: dict[str, Any], which: str) -> tuple[float, ...]:
+    """A spec's measured `which` (forward, backward) layer times in seconds, from either key."""
+    if f"{which}_s" in times:
+        return tuple(float(t) for t in times[f"{which}_s"])
+    return tuple(float(t) / 1e3 for t in times[f"{which}_ms"])  # as the cluster spec reads them
 
 
 def steady_step_s(step_s: list[float], warmup: int, period: int = 1) -> float:

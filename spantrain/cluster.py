@@ -57,6 +57,8 @@ _LINK_KEYS = {"gbps", "latency_ms"}
 # A device-pair override may give a figure in the unit the arrays hold: a few percent of bandwidths
 # (bytes/s) have no gbps figure that reads back to them, and of latencies (s) no latency_ms figure.
 _BASE_KEYS = {"gbps": "bytes_per_s", "latency_ms": "latency_s"}
+# and measured layer times in seconds: about 2 % of times have no ms figure that reads back to them
+_TIME_KEYS = {"forward_ms": "forward_s", "backward_ms": "backward_s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +78,11 @@ class LayerTimes:
         positive_int({"batch": self.batch}, "batch", "layer_times", problems)
         for key in ("forward_s", "backward_s"):
             vals = getattr(self, key)
+            # up to the seconds a spec holds (FIGURE_MAX ms): 1e28 s was taken and saved as a time no spec reads
             if isinstance(vals, str) or not isinstance(vals, tuple | list) or not vals \
-                    or not all(is_figure(v) for v in vals):
-                problems.append(f"layer_times: {key} must be a non-empty tuple of numbers from 0 to {FIGURE_MAX:g}, "
-                                f"got {shown(vals)}")
+                    or not all(is_figure(v) and v <= FIGURE_MAX / 1e3 for v in vals):
+                problems.append(f"layer_times: {key} must be a non-empty tuple of numbers from 0 to "
+                                f"{FIGURE_MAX / 1e3:g}, got {shown(vals)}")
         if not problems and len(self.forward_s) != len(self.backward_s):
             problems.append(f"layer_times: forward_s and backward_s have different lengths "
                             f"({len(self.forward_s)} and {len(self.backward_s)})")
@@ -87,9 +90,15 @@ class LayerTimes:
             raise SpecError(join_problems(problems))
 
     def to_spec(self) -> dict[str, Any]:
-        return {"batch": self.batch,
-                "forward_ms": [_in_unit(t, 1e3, _from_ms) for t in self.forward_s],
-                "backward_ms": [_in_unit(t, 1e3, _from_ms) for t in self.backward_s]}
+        """Times in ms where every one has a figure that reads back exactly, else that list in seconds."""
+        out: dict[str, Any] = {"batch": self.batch}
+        for key, times in (("forward_ms", self.forward_s), ("backward_ms", self.backward_s)):
+            figures = [_in_unit(t, 1e3, _from_ms) for t in times]
+            if None in figures:  # a list has one unit: only a list holding such a time goes to seconds
+                out[_TIME_KEYS[key]] = [fmt_number(t) for t in times]
+            else:
+                out[key] = figures
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,7 +385,7 @@ def _link_spec(bandwidth: float, latency: float) -> dict[str, float]:
     for key, value, scale, back in (
             ("gbps", float(bandwidth), 1 / GBPS, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s),
             ("latency_ms", float(latency), 1e3, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s)):
-        figure = _in_unit(value, scale, back, exact=True)
+        figure = _in_unit(value, scale, back)
         if figure is None:
             out[_BASE_KEYS[key]] = fmt_number(value)
         else:
@@ -388,10 +397,10 @@ def _from_ms(ms: float) -> float:
     return float(ms) / 1e3  # as `_parse_layer_times` reads them
 
 
-def _in_unit(value: float, scale: float, back: Callable[[float], float], exact: bool = False) -> float | int | None:
+def _in_unit(value: float, scale: float, back: Callable[[float], float]) -> float | int | None:
     """`value * scale` as the spec writes it: the figure (9 digits when they do) that reading
     (`back`) turns into exactly `value` again, so a saved cluster reads back the same arrays.
-    When no figure does: None if `exact`, else the nearest figure."""
+    None when no figure does (the caller writes the base unit)."""
     x = value * scale
     short = fmt_number(x)
     if back(short) == value:
@@ -402,7 +411,7 @@ def _in_unit(value: float, scale: float, back: Callable[[float], float], exact: 
             if back(candidate) == value:
                 return candidate
         up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
-    return None if exact else x
+    return None
 
 
 def _checked_array(a: np.ndarray, what: str, n: int) -> np.ndarray:
@@ -546,23 +555,36 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         if not isinstance(entry, dict):
             problems.append(f"{w}: expected a mapping with batch, forward_ms, backward_ms")
             continue
-        check_keys(entry, {"batch", "forward_ms", "backward_ms"}, {"batch", "forward_ms", "backward_ms"}, w,
-                   problems)
+        check_keys(entry, {"batch"} | set(_TIME_KEYS) | set(_TIME_KEYS.values()), {"batch"}, w, problems)
         batch = positive_int(entry, "batch", w, problems)
-        lists = []
-        for key in ("forward_ms", "backward_ms"):
-            vals = entry.get(key)
-            # like every figure of a spec: an infinite or 1e308 ms time overflowed the cost model's sums
-            if not isinstance(vals, list) or not vals or not all(map(is_figure, vals)):
-                problems.append(f"{w}: {key} must be a non-empty list of numbers from 0 to {FIGURE_MAX:g}")
+        lists: list[tuple[float, ...] | None] = []
+        names = []
+        for key, base in _TIME_KEYS.items():
+            name = base if base in entry else key
+            names.append(name)
+            if key in entry and base in entry:
+                problems.append(f"{w}: give {key} or {base}, not both")
+                lists.append(None)
+                continue
+            if name not in entry:
+                problems.append(f"{w}: missing required key {shown(key)}")
+                lists.append(None)
+                continue
+            vals = entry[name]
+            # like every figure of a spec: an infinite or 1e308 ms time overflowed the cost model's sums;
+            # seconds up to the figure that is FIGURE_MAX ms, as latency_s
+            hi = FIGURE_MAX if name == key else FIGURE_MAX / 1e3
+            if not isinstance(vals, list) or not vals or not all(is_figure(v) and v <= hi for v in vals):
+                problems.append(f"{w}: {name} must be a non-empty list of numbers from 0 to {hi:g}")
                 lists.append(None)
             else:
-                lists.append(tuple(_from_ms(v) for v in vals))
+                # ms read as before the base units, so older specs load the same times
+                lists.append(tuple(_from_ms(v) if name == key else float(v) for v in vals))
         if lists[0] and lists[1] and len(lists[0]) != len(lists[1]):
-            problems.append(f"{w}: forward_ms and backward_ms have different lengths")
+            problems.append(f"{w}: {names[0]} and {names[1]} have different lengths")
         elif lists[0] and lists[1] and not any(lists[0] + lists[1]):
             # the cost model would run the model in no time: plans scored infinitely fast, bounds divided by 0
-            problems.append(f"{w}: every forward_ms and backward_ms is 0, which no device measures: profile it "
+            problems.append(f"{w}: every {names[0]} and {names[1]} is 0, which no device measures: profile it "
                             "again (spantrain profile) or remove layer_times")
         elif batch and lists[0] and lists[1]:
             out[str(model)] = LayerTimes(batch=batch, forward_s=lists[0], backward_s=lists[1])

@@ -276,6 +276,13 @@ def test_profiles_combine_by_the_per_device_median_of_compute():
     assert combined["network"] == spec(0, 0)["network"]
     one = spec(0.01, 1.0)
     assert calibrate.median_profile([one]) is one
+    # a profile writes a list in seconds where no ms figure reads back: the profiles combine all the same
+    in_s = spec(0.012, 12.0)
+    in_s["devices"][0]["layer_times"]["tiny-gpt"] = {"batch": 4, "forward_s": [0.001, 0.012],
+                                                     "backward_ms": [2.0, 3.0]}
+    combined = calibrate.median_profile([spec(0.010, 15.0), in_s, spec(0.009, 20.0)])
+    assert combined["devices"][0]["layer_times"]["tiny-gpt"] == {"batch": 4, "forward_ms": [1.0, 15.0],
+                                                                 "backward_ms": [2.0, 3.0]}
 
 
 def test_the_suite_profiles_every_cluster_several_times():
