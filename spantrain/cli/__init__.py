@@ -82,7 +82,7 @@ def _refuse_empty_paths(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
                 _refuse_empty_paths(sub)
-        elif action.metavar in _PATH_METAVARS and action.type is None and action.nargs is None:
+        elif action.metavar in _PATH_METAVARS and action.type is None and action.nargs in (None, "?"):
             action.type = _DIR_PATH if action.metavar == "DIR" else _FILE_PATH
 
 

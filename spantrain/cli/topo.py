@@ -28,11 +28,13 @@ def register(p: argparse.ArgumentParser) -> None:
 
     s = sub.add_parser("show", help="print a cluster spec as tables, optionally plot it",
                        description="Print regions, devices and links of a cluster spec; optionally plot it.")
-    s.add_argument("spec", metavar="FILE", help="cluster spec (YAML or JSON)")
+    # positional as DESIGN.md gives it; --cluster as plan, simulate and compare take it
+    s.add_argument("spec", metavar="FILE", nargs="?", help="cluster spec (YAML or JSON), or give it as --cluster")
+    s.add_argument("--cluster", "-c", metavar="FILE", help="cluster spec, as the other commands take it")
     s.add_argument("--plot", metavar="PNG",
                    help=f"also draw the topology to this file ({', '.join(FIGURE_FORMATS)})")
     add_json_arg(s)
-    s.set_defaults(func=_show)
+    s.set_defaults(func=lambda args: _show(args, s))
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
@@ -56,13 +58,18 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
+def _show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from spantrain.profiler.regionstats import region_stats
     from spantrain.profiler.topoview import plot_topology, region_links, region_summary, tables
 
+    if args.spec is not None and args.cluster is not None:
+        parser.error(f"the cluster spec given twice ({args.spec} and --cluster {args.cluster}): give FILE or "
+                     "--cluster FILE, not both")
+    if args.spec is None and args.cluster is None:
+        parser.error("the cluster spec is missing: give FILE or --cluster FILE")
     if args.plot:
         check_figure_path(args.plot, "--plot")
-    cluster = load_cluster(args.spec)
+    cluster = load_cluster(args.spec if args.spec is not None else args.cluster)
     stats = region_stats(cluster)  # every view below reads the same medians
     if args.plot:
         plot_topology(cluster, args.plot, stats=stats)

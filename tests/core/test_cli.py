@@ -37,6 +37,19 @@ def test_topo_generate_and_show(run_cli, tmp_path):
     assert code == 0 and data["devices"] == 12 and sum(r["devices"] for r in data["regions"]) == 12
 
 
+def test_topo_show_takes_the_spec_as_the_other_commands_do(run_cli):
+    # `topo show --cluster g.yaml`, as plan/simulate/compare take it, was an argparse error
+    spec = ROOT / "examples" / "cee-demo.yaml"
+    positional = run_cli("topo", "show", spec, "--json")
+    for flag in ("--cluster", "-c"):
+        assert run_cli("topo", "show", flag, spec, "--json") == positional
+    assert positional[0] == 0 and json.loads(positional[1])["name"] == "cee-demo"
+    _one_line_error(*run_cli("topo", "show", spec, "--cluster", spec), "give FILE or --cluster FILE, not both")
+    _one_line_error(*run_cli("topo", "show", "--json"), "the cluster spec is missing")
+    _one_line_error(*run_cli("topo", "show", ""), "an empty path")
+    _one_line_error(*run_cli("topo", "show", "--cluster", ""), "an empty path")
+
+
 def test_piped_topo_show_keeps_names_and_figures_whole(run_cli, monkeypatch):
     # piped, rich laid the tables out for 80 columns and cut GPU names short ("A100-8…")
     monkeypatch.delenv("COLUMNS", raising=False)
