@@ -325,8 +325,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
                  for lb in labels]
         head = title.get_text()
         for again in (False, True):
-            fig.tight_layout()
-            ax.apply_aspect()  # else done at draw time: the axes measured before it were another size
+            _lay_out(fig, ax)
             for t in rough:
                 t.remove()
             rough, left_out = _place_labels(fig, ax, labels, dots, [title, *avoid], geo)
@@ -340,6 +339,17 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         fig.savefig(path, dpi=_DPI)
     plt.close(fig)
     return path
+
+
+def _lay_out(fig, ax) -> None:
+    """tight_layout until the axes' labels and the legend fit the figure: it measures the map at its
+    equal-aspect size before the layout, so once (geo-32 seed 1) it cut "latitude" and the legend's edge."""
+    for _ in range(4):
+        fig.tight_layout()
+        ax.apply_aspect()  # else done at draw time: the axes measured before it were another size
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
+        if box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1:
+            return
 
 
 def _disc_px(ax, centre: tuple[float, float], radius: float) -> float:

@@ -249,3 +249,36 @@ def test_region_labels_overlap_no_other_label_or_disc(monkeypatch, tmp_path, pro
         for cx, cy, r in discs:
             nx, ny = min(max(cx, box.x0), box.x1), min(max(cy, box.y0), box.y1)
             assert math.hypot(cx - nx, cy - ny) >= r - 0.5, (a, (cx, cy, r))
+
+
+@pytest.mark.parametrize("profile, devices, seed", [("geo", 32, 1), ("geo", 24, 0), ("geo", 512, 0), ("cee", 96, 2),
+                                                    ("datacenter", 48, 0)])
+def test_the_legend_and_axis_labels_lie_inside_the_figure(monkeypatch, tmp_path, profile, devices, seed):
+    # geo-32 seed 1: "latitude" and the legend's right edge were cut off (tight_layout measured the
+    # map at its equal-aspect size before the layout)
+    from matplotlib.figure import Figure
+
+    from spantrain.profiler.topoview import plot_topology
+
+    seen = {}
+    real = Figure.savefig
+
+    def spy(self, *args, **kw):
+        renderer = self.canvas.get_renderer()
+        boxes = {}
+        for k, ax in enumerate(self.axes):
+            for what, artist in (("legend", ax.get_legend()), ("xlabel", ax.xaxis.label), ("ylabel", ax.yaxis.label),
+                                 ("title", ax.title)):
+                if artist is not None and artist.get_visible() and (what == "legend" or artist.get_text()):
+                    boxes[f"axes {k} {what}"] = artist.get_window_extent(renderer)
+            boxes[f"axes {k}, all of it"] = ax.get_tightbbox(renderer)
+        seen["boxes"], seen["canvas"] = boxes, self.bbox
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    plot_topology(generate(devices, seed=seed, profile=profile), tmp_path / "t.png")
+    canvas, boxes = seen["canvas"], seen["boxes"]
+    assert "axes 0 legend" in boxes and ("axes 0 ylabel" in boxes) == (profile == "geo")
+    for what, box in boxes.items():
+        assert box.x0 >= canvas.x0 and box.y0 >= canvas.y0 and box.x1 <= canvas.x1 and box.y1 <= canvas.y1, \
+            (what, box, canvas)
