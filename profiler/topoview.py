@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +187,13 @@ def _region_positions(cluster: Cluster) -> tuple[dict[str, tuple[float, float]],
 _MAX_MARKER_TFLOPS = 500.0
 """TFLOP/s past which a device's marker grows no more (the catalog's fastest, H100, is 400): its area was
 linear in tflops, and a device of 1e30 (the spec's limit) painted the whole plot and took minutes to draw."""
+_SUNFLOWER = math.pi * (3 - math.sqrt(5))
+"""The golden angle: devices turned by it, at radii growing as the square root, spread evenly over a disc."""
+_SUNFLOWER_SPACING = 0.872
+"""A sunflower of n devices in radius R keeps neighbours 0.872 R sqrt(pi / n) apart (measured, any n)."""
+_MIN_MARKER_SHRINK = 0.3
+"""Markers are made at most this much smaller (in area) to keep crowded regions' devices apart:
+smaller still, the slowest devices' markers were specks whose colour no one could tell."""
 _RING_SCALE = 0.25
 """Disc scale of the ring layout (regions that are not cities), in ring units."""
 _DISC_GAP = 0.15
@@ -207,7 +214,8 @@ def _nice_ticks(lo: float, hi: float) -> list[float]:
 
 def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_LINES,
                   per_region: int = WAN_LINES_PER_REGION, *, stats: RegionStats | None = None) -> Path:
-    """Regions as labelled discs with their devices around them, links drawn by bandwidth: every
+    """Regions as labelled discs with their devices on a ring in them (spread over a crowded one's
+    disc, all markers smaller where they would overlap), links drawn by bandwidth: every
     region pair up to `max_lines`, else each region's `per_region` fastest, at most `max_lines`."""
     import matplotlib
     import matplotlib.ticker
@@ -260,6 +268,7 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
     dots: dict[str, list] = {"x": [], "y": [], "s": [], "color": []}
     discs = []
     labels: list[_Label] = []
+    crowding: list[tuple[tuple[float, float], float, int, int]] = []  # centre, neighbours' distance, devices
     centres = np.array([pos[r] for r in regions])
     outermost = float(np.hypot(centres[:, 0], centres[:, 1]).max())
     for k, r in enumerate(regions):
@@ -268,9 +277,17 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         n = len(members)
         ring = _disc_radius(n, scale) / 1.3
         discs.append(plt.Circle((x, y), ring * 1.3))
+        # on a ring while that keeps neighbours further apart, else spread over the disc: 31 devices on
+        # geo-512's ring were a cogwheel of markers over each other
+        fill = n > 1 and _SUNFLOWER_SPACING * math.sqrt(math.pi / n) > 2 * math.sin(math.pi / n)
+        if n > 1:
+            apart = ring * (_SUNFLOWER_SPACING * math.sqrt(math.pi / n) if fill else 2 * math.sin(math.pi / n))
+            crowding.append(((x, y), apart, len(dots["s"]), n))
         for j, d in enumerate(members):
-            ang = 2 * math.pi * j / max(1, n)
-            rad = 0 if n == 1 else ring
+            if fill:
+                ang, rad = j * _SUNFLOWER, ring * math.sqrt((j + 0.5) / n)
+            else:
+                ang, rad = 2 * math.pi * j / max(1, n), 0 if n == 1 else ring
             dots["x"].append(x + rad * math.cos(ang))
             dots["y"].append(y + rad * math.sin(ang))
             dots["s"].append(12 + 0.5 * min(d.tflops, _MAX_MARKER_TFLOPS))
@@ -284,7 +301,8 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
                                  outward=math.atan2(y, x) if outward else None))
     ax.add_collection(PatchCollection(discs, facecolor="0.92", edgecolor="0.5", zorder=2))
     # one collection for every device: one scatter call per device took 18 s at 4,096 devices
-    ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
+    markers = ax.scatter(dots["x"], dots["y"], s=dots["s"], c=dots["color"], edgecolor="k", linewidth=0.3, zorder=3)
+    sizes = np.array(dots["s"], dtype=float)
     for g in gpus:
         ax.scatter([], [], color=gpu_colors[g], edgecolor="k", label=g)
     # beside the map, not on it: it covered Oregon
@@ -326,9 +344,14 @@ def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_L
         head = title.get_text()
         for again in (False, True):
             _lay_out(fig, ax)
+            # one factor for every marker, so that sizes still compare TFLOP/s across regions
+            shrink = _marker_shrink(fig, ax, crowding, sizes)
+            markers.set_sizes(sizes * shrink)
+            dots["s"] = list(sizes * shrink)
             for t in rough:
                 t.remove()
-            rough, left_out = _place_labels(fig, ax, labels, dots, [title, *avoid], geo)
+            rough, left_out = _place_labels(fig, ax, [replace(lb, marker=lb.marker * shrink)
+                                                      for lb in labels], dots, [title, *avoid], geo)
             title.set_text(head + (("; " if drawn else "\n") + f"{plural(left_out, 'crowded label')} left out "
                                    "(spantrain topo show lists every region)" if left_out else ""))
             if not left_out or again:
@@ -350,6 +373,17 @@ def _lay_out(fig, ax) -> None:
         box = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
         if box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1:
             return
+
+
+def _marker_shrink(fig, ax, crowding: list, sizes: np.ndarray) -> float:
+    """The factor on marker areas that keeps each region's neighbouring markers from overlapping, laid
+    out as the figure is: 1 where they stand apart, at least _MIN_MARKER_SHRINK."""
+    pt = fig.dpi / 72  # marker sizes are points squared
+    shrink = 1.0
+    for centre, apart, first, n in crowding:
+        widest = math.sqrt(float(sizes[first:first + n].max())) * pt
+        shrink = min(shrink, (_disc_px(ax, centre, apart) / widest) ** 2)
+    return max(_MIN_MARKER_SHRINK, shrink)
 
 
 def _disc_px(ax, centre: tuple[float, float], radius: float) -> float:

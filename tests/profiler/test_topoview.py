@@ -282,3 +282,45 @@ def test_the_legend_and_axis_labels_lie_inside_the_figure(monkeypatch, tmp_path,
     for what, box in boxes.items():
         assert box.x0 >= canvas.x0 and box.y0 >= canvas.y0 and box.x1 <= canvas.x1 and box.y1 <= canvas.y1, \
             (what, box, canvas)
+
+
+def _closest_markers(monkeypatch, cluster, path) -> list[float]:
+    """Per region of several devices: its two closest markers' distance over their radii's sum, as saved
+    (under 1: they overlap)."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.figure import Figure
+
+    from spantrain.profiler.topoview import plot_topology
+
+    seen = []
+    real = Figure.savefig
+
+    def spy(self, *args, **kw):
+        ax = self.axes[0]
+        dots = next(c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets()))
+        xy = ax.transData.transform(dots.get_offsets())
+        r = np.sqrt(dots.get_sizes()) / 2 * self.dpi / 72
+        start = 0
+        for n in np.bincount(cluster.region_index, minlength=len(cluster.regions)):  # drawn region by region
+            m, start = np.arange(start, start + n), start + n
+            if n > 1:
+                apart = np.hypot(*(xy[m][:, None] - xy[m][None]).transpose(2, 0, 1)) / (r[m][:, None] + r[m][None])
+                seen.append(float(apart[~np.eye(len(m), dtype=bool)].min()))
+        return real(self, *args, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Figure, "savefig", spy)
+        plot_topology(cluster, path)
+    return seen
+
+
+def test_a_crowded_regions_devices_stand_apart(monkeypatch, tmp_path):
+    # geo-512's cities put 11 to 31 devices on a ring: a cogwheel of markers over each other in
+    # every city (the closest two 0.29 of their width apart in the median city)
+    ratios = _closest_markers(monkeypatch, generate(512, seed=0, profile="geo"), tmp_path / "geo.png")
+    assert len(ratios) == 24 and np.median(ratios) > 0.5, ratios
+    # where markers made at most _MIN_MARKER_SHRINK smaller fit, none overlaps (9 of geo-64's 16
+    # cities' did, 4 of cee-256's regions)
+    for profile, n in (("geo", 64), ("cee", 256)):
+        ratios = _closest_markers(monkeypatch, generate(n, seed=0, profile=profile), tmp_path / f"{profile}.png")
+        assert min(ratios) > 0.99, (profile, sorted(ratios)[:3])
