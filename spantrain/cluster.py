@@ -54,11 +54,14 @@ MAX_DEVICES = 4096
 _DEVICE_KEYS = {"id", "count", "region", "tier", "gpu", "tflops", "memory_gb", "host", "local_rank",
                 "layer_times"}
 _LINK_KEYS = {"gbps", "latency_ms"}
-# A device-pair override may give a figure in the unit the arrays hold: a few percent of bandwidths
-# (bytes/s) have no gbps figure that reads back to them, and of latencies (s) no latency_ms figure.
+# A device-pair override may add a figure in the unit the arrays hold, which wins: a few percent
+# of bandwidths (bytes/s) have no gbps figure that reads back to them, and of latencies (s) no
+# latency_ms figure. Saved specs keep the spec's own keys (DESIGN.md) and add these beside them.
 _BASE_KEYS = {"gbps": "bytes_per_s", "latency_ms": "latency_s"}
 # and measured layer times in seconds: about 2 % of times have no ms figure that reads back to them
 _TIME_KEYS = {"forward_ms": "forward_s", "backward_ms": "backward_s"}
+_SAME_FIGURE = 1e-6
+"""How far (relative) a figure and its base-unit twin may differ: a rounding, not another value."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,14 +93,14 @@ class LayerTimes:
             raise SpecError(join_problems(problems))
 
     def to_spec(self) -> dict[str, Any]:
-        """Times in ms where every one has a figure that reads back exactly, else that list in seconds."""
+        """Times in ms; a list holding a time no ms figure reads back to exactly is also given in
+        seconds (`forward_s`, `backward_s`), which readers that know it take instead."""
         out: dict[str, Any] = {"batch": self.batch}
         for key, times in (("forward_ms", self.forward_s), ("backward_ms", self.backward_s)):
             figures = [_in_unit(t, 1e3, _from_ms) for t in times]
-            if None in figures:  # a list has one unit: only a list holding such a time goes to seconds
+            out[key] = [fmt_number(t * 1e3) if f is None else f for t, f in zip(times, figures, strict=True)]
+            if None in figures:
                 out[_TIME_KEYS[key]] = [fmt_number(t) for t in times]
-            else:
-                out[key] = figures
         return out
 
 
@@ -380,16 +383,16 @@ def _close(x: tuple[float, float], y: tuple[float, float]) -> bool:
 
 
 def _link_spec(bandwidth: float, latency: float) -> dict[str, float]:
-    """An override's figures: gbps and latency_ms where a figure reads back exactly, else the base unit."""
+    """An override's figures, gbps and latency_ms; where no figure reads back exactly, also the
+    value in the arrays' unit (bytes_per_s, latency_s), which readers that know it take instead."""
     out: dict[str, float] = {}
     for key, value, scale, back in (
             ("gbps", float(bandwidth), 1 / GBPS, lambda g: NetLink(gbps=g, latency_ms=0).bytes_per_s),
             ("latency_ms", float(latency), 1e3, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s)):
         figure = _in_unit(value, scale, back)
+        out[key] = fmt_number(value * scale) if figure is None else figure
         if figure is None:
             out[_BASE_KEYS[key]] = fmt_number(value)
-        else:
-            out[key] = figure
     return out
 
 
@@ -525,23 +528,25 @@ def _parse_pair_link(obj: dict, where: str, problems: list[str], extra: set[str]
              FIGURE_MIN * GBPS, FIGURE_MAX * GBPS),
             ("latency_ms", nonneg_number, lambda ms: NetLink(gbps=1, latency_ms=ms).latency_s, 0.0, FIGURE_MAX / 1e3)):
         base = _BASE_KEYS[key]
-        if key in obj and base in obj:
-            problems.append(f"{where}: give {key} or {base}, not both")
-            out.append(None)
-        elif base in obj:
+        figure = exact = None
+        if key in obj:
+            value = check(obj, key, where, problems)
+            # read as NetLink reads it, so specs written before the base units load the same arrays
+            figure = None if value is None else to_base(value)
+        if base in obj:
             value = obj[base]
             # the range _checked_array takes, which is a figure's range in the spec's unit
             ok = isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
             if not ok:
                 problems.append(f"{where}: {base} must be a number from {lo:g} to {hi:g}, got {shown(value)}")
-            out.append(float(value) if ok else None)
-        elif key in obj:
-            value = check(obj, key, where, problems)
-            # read as NetLink reads it, so specs written before the base units load the same arrays
-            out.append(None if value is None else to_base(value))
-        else:
+            exact = float(value) if ok else None
+        if key not in obj and base not in obj:
             problems.append(f"{where}: missing required key {shown(key)}")
-            out.append(None)
+        if figure is not None and exact is not None and not math.isclose(figure, exact, rel_tol=_SAME_FIGURE):
+            problems.append(f"{where}: {key} {shown(obj[key])} and {base} {shown(obj[base])} are different values: "
+                            f"{base} is the same figure in the arrays' unit; give one, or both alike")
+            exact = figure = None
+        out.append(exact if exact is not None else figure)
     return None if None in out else (out[0], out[1])
 
 
@@ -560,26 +565,31 @@ def _parse_layer_times(obj: Any, where: str, problems: list[str]) -> dict[str, L
         lists: list[tuple[float, ...] | None] = []
         names = []
         for key, base in _TIME_KEYS.items():
-            name = base if base in entry else key
+            name = base if base in entry else key  # the seconds win where both are given
             names.append(name)
-            if key in entry and base in entry:
-                problems.append(f"{w}: give {key} or {base}, not both")
-                lists.append(None)
-                continue
             if name not in entry:
                 problems.append(f"{w}: missing required key {shown(key)}")
                 lists.append(None)
                 continue
-            vals = entry[name]
-            # like every figure of a spec: an infinite or 1e308 ms time overflowed the cost model's sums;
-            # seconds up to the figure that is FIGURE_MAX ms, as latency_s
-            hi = FIGURE_MAX if name == key else FIGURE_MAX / 1e3
-            if not isinstance(vals, list) or not vals or not all(is_figure(v) and v <= hi for v in vals):
-                problems.append(f"{w}: {name} must be a non-empty list of numbers from 0 to {hi:g}")
-                lists.append(None)
-            else:
-                # ms read as before the base units, so older specs load the same times
-                lists.append(tuple(_from_ms(v) if name == key else float(v) for v in vals))
+            read: dict[str, tuple[float, ...] | None] = {}
+            for given in (k for k in (key, base) if k in entry):
+                vals = entry[given]
+                # like every figure of a spec: an infinite or 1e308 ms time overflowed the cost model's sums;
+                # seconds up to the figure that is FIGURE_MAX ms, as latency_s
+                hi = FIGURE_MAX if given == key else FIGURE_MAX / 1e3
+                if not isinstance(vals, list) or not vals or not all(is_figure(v) and v <= hi for v in vals):
+                    problems.append(f"{w}: {given} must be a non-empty list of numbers from 0 to {hi:g}")
+                    read[given] = None
+                else:
+                    # ms read as before the base units, so older specs load the same times
+                    read[given] = tuple(_from_ms(v) if given == key else float(v) for v in vals)
+            ms, s = read.get(key), read.get(base)
+            if ms is not None and s is not None and (
+                    len(ms) != len(s) or not all(math.isclose(a, b, rel_tol=_SAME_FIGURE) for a, b in zip(ms, s))):
+                problems.append(f"{w}: {key} and {base} hold different times: {base} is the same list in seconds; "
+                                "give one, or both alike")
+                read[name] = None
+            lists.append(read[name])
         if lists[0] and lists[1] and len(lists[0]) != len(lists[1]):
             problems.append(f"{w}: {names[0]} and {names[1]} have different lengths")
         elif lists[0] and lists[1] and not any(lists[0] + lists[1]):

@@ -537,9 +537,12 @@ def test_random_arrays_save_and_load_exactly(demo_spec, tmp_path, suffix):
     assert again == changed
     overrides = changed.to_spec()["network"]["overrides"]
     assert len(overrides) == n * (n - 1)
-    # the base units only where no figure in the spec's own unit reads back
+    # the spec's own keys everywhere (a reader of DESIGN.md's format finds them), and the base units
+    # beside them only where no figure reads back
+    assert all("gbps" in o and "latency_ms" in o for o in overrides)
     base = [o for o in overrides if "bytes_per_s" in o]
     assert 0 < len(base) < 0.1 * len(overrides) and any("latency_s" in o for o in overrides)
+    assert all(o["gbps"] * GBPS == pytest.approx(o["bytes_per_s"], rel=1e-12) for o in base)
     written = [o for o in overrides if bw[c.index(o["from"]), c.index(o["to"])] == 12.5 * GBPS]
     assert written and all(o["gbps"] == 12.5 for o in written)
 
@@ -556,10 +559,15 @@ def test_handwritten_overrides_load_and_save_as_written(demo_spec):
     spec["network"]["overrides"][-1] = {"from": "edge-0", "to": "end-0", "bytes_per_s": 0.3 * GBPS,
                                         "latency_s": 7.1 / 1e3}
     assert Cluster.from_spec(spec) == c
+    # both, alike (as a saved spec gives them where the figure is rounded): the base unit's value counts
+    exact = 0.3 * GBPS * (1 + 1e-15)
+    spec["network"]["overrides"][-1] = {"from": "edge-0", "to": "end-0", "gbps": 0.3, "bytes_per_s": exact,
+                                        "latency_ms": 7.1}
+    assert Cluster.from_spec(spec).bandwidth[e, n] == exact
 
 
 @pytest.mark.parametrize("link, message", [
-    ({"gbps": 1, "bytes_per_s": 1.25e8, "latency_ms": 1}, "give gbps or bytes_per_s, not both"),
+    ({"gbps": 2, "bytes_per_s": 1.25e8, "latency_ms": 1}, "gbps 2 and bytes_per_s 125000000.0 are different values"),
     ({"bytes_per_s": 0, "latency_ms": 1}, "bytes_per_s must be a number from 1.25e-22 to 1.25e+38, got 0"),
     ({"gbps": 1, "latency_s": -1}, "latency_s must be a number from 0 to 1e+27, got -1"),
     ({"gbps": 1, "latency_s": "1"}, "latency_s must be a number from 0 to 1e+27, got '1'"),
@@ -592,12 +600,11 @@ def test_random_layer_times_save_and_load_exactly(tmp_path, suffix):
     c.save(path)
     again = Cluster.from_file(path)
     assert again.devices == c.devices and again == c
-    # seconds only for the lists that need them: the rest stay in the spec's milliseconds
+    # milliseconds everywhere (the spec's own keys), seconds beside them only for the lists that need them
     entries = [d["layer_times"]["m"] for d in c.to_spec()["devices"]]
     in_s = sum("forward_s" in e for e in entries) + sum("backward_s" in e for e in entries)
     assert 0 < in_s < 2 * len(entries)
-    assert all(("forward_ms" in e) != ("forward_s" in e) and ("backward_ms" in e) != ("backward_s" in e)
-               for e in entries)
+    assert all("forward_ms" in e and "backward_ms" in e for e in entries)
 
 
 def test_handwritten_layer_times_load_and_save_as_written(demo_spec):
@@ -613,10 +620,17 @@ def test_handwritten_layer_times_load_and_save_as_written(demo_spec):
     spec["devices"][1]["layer_times"]["tiny-gpt"] = {"batch": 4, "forward_s": list(times.forward_s),
                                                      "backward_ms": [2.2, 4, 0.6]}
     assert Cluster.from_spec(spec) == c
+    # both, alike (as a saved spec gives a list with a time no ms figure reads back to): the seconds count
+    exact = [t * (1 + 1e-15) for t in times.forward_s]
+    spec["devices"][1]["layer_times"]["tiny-gpt"]["forward_ms"] = [1.1, 2, 0.3]
+    spec["devices"][1]["layer_times"]["tiny-gpt"]["forward_s"] = exact
+    again = Cluster.from_spec(spec)
+    assert again.devices[again.index("edge-0")].layer_times["tiny-gpt"].forward_s == tuple(exact)
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"forward_ms": [1], "forward_s": [0.001], "backward_ms": [1]}, "give forward_ms or forward_s, not both"),
+    ({"forward_ms": [1], "forward_s": [0.002], "backward_ms": [1]}, "forward_ms and forward_s hold different times"),
+    ({"forward_ms": [1], "forward_s": [0.001, 0], "backward_ms": [1]}, "forward_ms and forward_s hold different times"),
     ({"forward_ms": [1], "backward_s": [-1]}, "backward_s must be a non-empty list of numbers from 0 to 1e+27"),
     ({"forward_s": [1e28], "backward_ms": [1]}, "forward_s must be a non-empty list of numbers from 0 to 1e+27"),
     ({"forward_s": [1, 2], "backward_ms": [1]}, "forward_s and backward_ms have different lengths"),
