@@ -173,46 +173,46 @@ def adaptation_cases(policy: str | None, quick: bool, progress: bool, batch_scal
     rng = np.random.default_rng(77)
     count = 6 if quick else 36
     rows = []
-    bar = tqdm(total=count, desc="adaptation cases", disable=not progress)
-    while len(rows) < count:
-        profile = PROFILES[len(rows) % 3]
-        n = int(rng.integers(8, 33))
-        seed = int(rng.integers(*EVAL_SEED_RANGE))
-        model = MODELS[int(rng.integers(len(MODELS)))]
-        cluster = generate(n, seed=seed, profile=profile)
-        workload = scenario_workload(model, batch_scale)
-        try:
-            running = HeuristicPlanner().best_candidate(Evaluator(cluster, workload))
-        except SpantrainError:
-            continue
-        changed, what = network_change(cluster, rng)
-        ev = Evaluator(changed, workload)
-        now = as_running(ev, running)
-        scenario = Scenario(key=(profile, n, seed, model), cluster=changed, workload=workload, evaluator=ev,
-                            start=now, running=held_layers(running, workload.num_layers), change=what)
-        env = PlanEnv(EnvConfig(max_devices=n, min_devices=2, horizon=int(settings.get("horizon", 500))))
-        env.load(scenario)
-        replanned = HeuristicPlanner().best_candidate(ev)
-        t0 = time.perf_counter()
-        adapted = improve(net, scenario, steps=int(settings.get("max_steps", 12)), samples=4, seed=0,
-                          horizon=env.config.horizon)
-        ppo_s = time.perf_counter() - t0
-        looked = expert_rollout(env)
-        # what users run, end to end from the plan file (it re-plans and re-runs the policy
-        # itself, and scores keeping the plan with its own layer ranges, not re-partitioned)
-        deployed = adapt_plan(changed, workload, ev.to_plan(running), remaining_steps=env.config.horizon,
-                              policy=policy)
-        chosen = deployed.option(deployed.chosen)
-        rows.append({"auto": workload.global_batch * env.config.horizon / chosen.total_s,
-                     "auto_keep": workload.global_batch * env.config.horizon / deployed.option("keep").total_s,
-                     "auto_chosen": deployed.chosen,
-                     "profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
-                     "keep": env._effective(now), "heuristic": env._effective(replanned),
-                     "heuristic_migration_s": env.migration_s(replanned), "ppo": env._effective(adapted),
-                     "ppo_migration_s": env.migration_s(adapted), "ppo_s": ppo_s,
-                     "lookahead": env._effective(looked)})
-        bar.update()
-    bar.close()
+    # closed on Ctrl-C too: an open bar glued "interrupted" onto itself and redrew after it
+    with tqdm(total=count, desc="adaptation cases", disable=not progress) as bar:
+        while len(rows) < count:
+            profile = PROFILES[len(rows) % 3]
+            n = int(rng.integers(8, 33))
+            seed = int(rng.integers(*EVAL_SEED_RANGE))
+            model = MODELS[int(rng.integers(len(MODELS)))]
+            cluster = generate(n, seed=seed, profile=profile)
+            workload = scenario_workload(model, batch_scale)
+            try:
+                running = HeuristicPlanner().best_candidate(Evaluator(cluster, workload))
+            except SpantrainError:
+                continue
+            changed, what = network_change(cluster, rng)
+            ev = Evaluator(changed, workload)
+            now = as_running(ev, running)
+            scenario = Scenario(key=(profile, n, seed, model), cluster=changed, workload=workload, evaluator=ev,
+                                start=now, running=held_layers(running, workload.num_layers), change=what)
+            env = PlanEnv(EnvConfig(max_devices=n, min_devices=2, horizon=int(settings.get("horizon", 500))))
+            env.load(scenario)
+            replanned = HeuristicPlanner().best_candidate(ev)
+            t0 = time.perf_counter()
+            adapted = improve(net, scenario, steps=int(settings.get("max_steps", 12)), samples=4, seed=0,
+                              horizon=env.config.horizon)
+            ppo_s = time.perf_counter() - t0
+            looked = expert_rollout(env)
+            # what users run, end to end from the plan file (it re-plans and re-runs the policy
+            # itself, and scores keeping the plan with its own layer ranges, not re-partitioned)
+            deployed = adapt_plan(changed, workload, ev.to_plan(running), remaining_steps=env.config.horizon,
+                                  policy=policy)
+            chosen = deployed.option(deployed.chosen)
+            rows.append({"auto": workload.global_batch * env.config.horizon / chosen.total_s,
+                         "auto_keep": workload.global_batch * env.config.horizon / deployed.option("keep").total_s,
+                         "auto_chosen": deployed.chosen,
+                         "profile": profile, "devices": n, "seed": seed, "model": model, "change": what,
+                         "keep": env._effective(now), "heuristic": env._effective(replanned),
+                         "heuristic_migration_s": env.migration_s(replanned), "ppo": env._effective(adapted),
+                         "ppo_migration_s": env.migration_s(adapted), "ppo_s": ppo_s,
+                         "lookahead": env._effective(looked)})
+            bar.update()
     return rows
 
 

@@ -175,3 +175,29 @@ def test_headroom_bound_counts_cases_any_search_beats_by_one_percent():
                      "where": ["cee-8 gpt2-xl", "datacenter-64 gpt2-xl"]}
     assert "any planner or search in the table >= 1 % better than heuristic: 2 of 3 cases (67%)" in \
         eval_policy.markdown({"planning": {}, "headroom": bound, "auto_over_best_baseline_cee": 1.0})
+
+
+def test_ctrl_c_during_the_adaptation_cases_closes_their_progress_bar(monkeypatch):
+    # an open bar had "eval_policy: interrupted" glued onto it, and redrew after it
+    import tqdm
+
+    bars = []
+
+    class Recorded(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            bars.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)
+    monkeypatch.setattr(eval_policy, "network_change", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        eval_policy.adaptation_cases(None, quick=True, progress=True)
+    assert [bar.closed for bar in bars] == [True]
