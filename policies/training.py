@@ -196,7 +196,7 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     from spantrain.policies.ppo import load_policy, load_value_head, save_policy
     from spantrain.policies.resume import ResumeState, run_file
     from spantrain.policies.starts import HeuristicStarts
-    from spantrain.tracking import Tracker, check_environment
+    from spantrain.tracking import Tracker, check_environment, continued_run_id
 
     t_start = time.perf_counter()
     out = Path(config.out_dir)
@@ -293,7 +293,8 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     env_settings = {"max_steps": config.max_steps, "horizon": env_cfg.horizon, "max_devices": config.max_devices}
     tracker = Tracker(job_type="train-policy", config=asdict(config), enabled=config.track,
                       name=out.resolve().name or None, dir=out / "wandb",
-                      run_id=resumed.wandb_id if resumed else None)
+                      # a copy of a run's directory logs to a run of its own, not into the original's
+                      run_id=continued_run_id(out / "wandb", resumed.wandb_id) if resumed and config.track else None)
     # ended on every path (a full disk, a bug): an open run kept WANDB_DATA_DIR set in the caller
     held.push(lambda exc_type, *_: tracker.finish(exit_code=1 if exc_type else None))
     wandb_run = tracker.url_or_dir

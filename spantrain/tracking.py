@@ -21,7 +21,8 @@ from spantrain._say import note
 from spantrain.errors import SpantrainError
 
 __all__ = ["Tracker", "check_environment", "check_can_track", "check_default_dir", "DEFAULT_DIR", "wandb_mode",
-           "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs", "RUN_ID_FILE",
+           "wandb_run_id", "WANDB_MODES", "INIT_TIMEOUT_S", "remove_import_temp_dirs", "RUN_ID_FILE", "RUN_DIR_FILE",
+           "continued_run_id",
            "describe_run", "part_settings", "print_run_line"]
 
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
@@ -154,10 +155,16 @@ RUN_ID_FILE = "run-id"
 """In a tracker's directory: the id of the W&B run last logged there (`wandb_run_id`)."""
 
 
+RUN_DIR_FILE = "run-dir"
+"""Beside `RUN_ID_FILE`: the directory (absolute) the tracker wrote it in. A copied job directory
+(``cp -r``) holds its original's, and a resumed job there logged into the original's W&B run."""
+
+
 def wandb_run_id(dir: str | Path, *, resume: bool) -> str:
     """The W&B run a job logs to from `dir` (its tracker directory): `WANDB_RUN_ID` when set;
-    with `resume`, the run last logged there, so a resumed job continues it; else a new id
-    (W&B's form: 8 characters of [a-z0-9]), which every later launch of the job reuses."""
+    with `resume`, the run last logged there, so a resumed job continues it (unless `dir` was
+    copied or moved: `continued_run_id`); else a new id (W&B's form: 8 characters of [a-z0-9]),
+    which every later launch of the job reuses."""
     import secrets
     import string
 
@@ -167,9 +174,29 @@ def wandb_run_id(dir: str | Path, *, resume: bool) -> str:
     if resume:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             saved = path.read_text().strip()
-            if saved and len(saved) <= 64 and saved.isalnum():
+            if saved and len(saved) <= 64 and saved.isalnum() and continued_run_id(dir, saved):
                 return saved
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def continued_run_id(dir: str | Path, run_id: str | None) -> str | None:
+    """`run_id`, the W&B run a resumed job's state names, or None (a new run) with a note when
+    `dir` (the job's tracker directory) is not the directory that run was logged from: a copy
+    (``cp -r R R2``) went on logging into R's run, two jobs in one. `WANDB_RUN_ID` wins, as
+    everywhere; a directory with no record of its own (untracked so far) keeps `run_id`."""
+    if os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
+    if not run_id:
+        return run_id
+    try:
+        made_in = (Path(dir) / RUN_DIR_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return run_id
+    if not made_in or made_in == str(Path(dir).resolve()):
+        return run_id
+    note(f"{dir} was copied or moved from {made_in}, whose W&B run {run_id} it would log into: logging to a new "
+         f"W&B run instead (set WANDB_RUN_ID={run_id} to continue that one)")
+    return None
 
 
 def _netrc_login() -> bool:
@@ -263,6 +290,7 @@ class Tracker:
             return
         with contextlib.suppress(OSError):  # what a resumed job continues (`wandb_run_id`)
             (out / RUN_ID_FILE).write_text(self.run.id)
+            (out / RUN_DIR_FILE).write_text(str(out.resolve()))
         if name or config:
             with contextlib.suppress(OSError, TypeError, ValueError):  # a cut file is read as none
                 (out / f"part-{self.run.id}.json").write_text(json.dumps({"name": name, "config": config or {}},

@@ -264,6 +264,34 @@ def test_a_job_continues_the_run_id_it_left_in_its_directory(tmp_path, monkeypat
     assert wandb_run_id(tmp_path, resume=True) == wandb_run_id(tmp_path, resume=False) == "mine123"
 
 
+def test_a_copied_job_directory_starts_a_run_of_its_own(tmp_path, monkeypatch, capsys):
+    # `cp -r R R2` then a resume in R2 logged into R's W&B run: two jobs in one run
+    import shutil
+
+    from spantrain.tracking import Tracker, continued_run_id, wandb_run_id
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    original, copy = tmp_path / "R" / "wandb", tmp_path / "R2" / "wandb"
+    with Tracker(job_type="test", dir=original) as tracker:
+        first = tracker.run_id
+    shutil.copytree(original.parent, copy.parent)
+    capsys.readouterr()
+    assert wandb_run_id(original, resume=True) == continued_run_id(original, first) == first
+    assert capsys.readouterr().err == ""
+    assert wandb_run_id(copy, resume=True) != first
+    assert continued_run_id(copy, first) is None
+    err = capsys.readouterr().err
+    assert err.count(f"{copy} was copied or moved from {original.resolve()}") == 2, err
+    assert f"set WANDB_RUN_ID={first} to continue that one" in err, err
+    # the copy's own run is the one it continues from then on
+    with Tracker(job_type="test", dir=copy, run_id=wandb_run_id(copy, resume=True)) as tracker:
+        second = tracker.run_id
+    assert wandb_run_id(copy, resume=True) == second != first
+    monkeypatch.setenv("WANDB_RUN_ID", first)  # the user's choice wins
+    assert continued_run_id(copy, second) == first
+
+
 @pytest.mark.parametrize(("var", "value", "says"), [
     ("WANDB_SILENT", "maybe", "WANDB_SILENT=maybe is refused by W&B (Input should be a valid boolean"),
     ("WANDB_INIT_TIMEOUT", "abc", "WANDB_INIT_TIMEOUT=abc is refused by W&B (Input should be a valid number"),

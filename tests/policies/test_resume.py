@@ -355,6 +355,26 @@ def test_a_part_resumed_untracked_keeps_the_w_and_b_run_for_the_next(run_cli, tm
     assert code == 0 and f"W&B run {first_id}" in err, err
 
 
+@pytest.mark.slow
+def test_a_copied_run_resumes_into_a_w_and_b_run_of_its_own(run_cli, tmp_path):
+    # `cp -r R R2; train-policy --resume --out-dir R2` logged into R's W&B run
+    import shutil
+
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    code, _, err = run_cli("train-policy", "--timesteps", "48", "--out-dir", run, "--cache-dir",
+                           tmp_path / "cache", *TINY)
+    assert code == 0, err
+    first_id = ResumeState.from_dir(run).wandb_id
+    shutil.copytree(run, copy)
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", copy, "--timesteps", "96")
+    assert code == 0, err
+    assert f"{copy / 'wandb'} was copied or moved from {run.resolve() / 'wandb'}" in err, err
+    copy_id = ResumeState.from_dir(copy).wandb_id
+    assert copy_id and copy_id != first_id and "(its last update), W&B run" not in err, err
+    code, _, err = run_cli("train-policy", "--resume", "--out-dir", run, "--timesteps", "96")
+    assert code == 0 and f"W&B run {first_id}" in err and "was copied or moved" not in err, err
+
+
 @pytest.mark.parametrize("recorded", ["as this version writes it", "as typed where the run began"])
 def test_a_run_resumes_from_another_directory_and_after_being_moved(run_cli, tmp_path, monkeypatch, recorded):
     from spantrain.policies.ppo import load_policy
