@@ -34,7 +34,10 @@ _VERSION = "heuristic-v10"
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPANTRAIN_CACHE", Path.home() / ".cache" / "spantrain")) / "starts"
+    """``$SPANTRAIN_CACHE/starts``, else ~/.cache/spantrain/starts. An empty ``SPANTRAIN_CACHE``
+    counts as unset: as a path it is the working directory, which got a ``./starts``."""
+    root = os.environ.get("SPANTRAIN_CACHE", "").strip()
+    return Path(root or Path.home() / ".cache" / "spantrain") / "starts"
 
 
 def _key_name(key: tuple) -> str:

@@ -147,7 +147,7 @@ class TrainConfig:
     progress: bool = True
     """Progress bar on stderr."""
     cache_dir: str | None = None
-    """Where heuristic starts are cached (default ~/.cache/spantrain/starts)."""
+    """Where heuristic starts are cached (default $SPANTRAIN_CACHE/starts if set, else ~/.cache/spantrain/starts)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form notes recorded with the run."""
 

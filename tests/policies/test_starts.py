@@ -165,3 +165,19 @@ def test_no_more_processes_than_starts_to_compute(tmp_path, monkeypatch):
 
     monkeypatch.setattr(multiprocessing, "Pool", no_pool)
     assert HeuristicStarts(tmp_path).prepare([KEY], workers=8, progress=False) == 1
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_spantrain_cache_is_the_default_cache(tmp_path, monkeypatch, value):
+    # as a path "" is the working directory: the starts went to ./starts
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SPANTRAIN_CACHE", value)
+    assert HeuristicStarts().prepare([KEY], progress=False) == 1
+    assert list(work.iterdir()) == []
+    assert len(list((home / ".cache" / "spantrain" / "starts").iterdir())) == 1
+    monkeypatch.setenv("SPANTRAIN_CACHE", str(tmp_path / "mine"))  # set, it is the cache
+    assert HeuristicStarts().prepare([KEY], progress=False) == 1
+    assert len(list((tmp_path / "mine" / "starts").iterdir())) == 1
