@@ -326,6 +326,10 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
     # between a rollout's end and the next one's start PPO updates the weights and Adam in
     # place: a state saved then would hold a half-done update under the last one's counters
     updating = {"now": False}
+    # where PPO stops: after the rollout that reaches config.timesteps, so often past it
+    rollout = config.n_steps * config.n_envs
+    planned_steps = max(model.num_timesteps + -(-(config.timesteps - model.num_timesteps) // rollout) * rollout,
+                        model.num_timesteps)
 
     def save_state(*, finished: bool = False) -> None:
         if _diverged(model.policy):  # keep the last state PPO had not yet broken
@@ -363,10 +367,8 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
         def _on_training_start(self) -> None:
             from tqdm import tqdm
 
-            rollout = config.n_steps * config.n_envs  # PPO stops after the rollout that reaches timesteps
             first = self.num_timesteps
-            total = first + -(-(config.timesteps - first) // rollout) * rollout
-            self.bar = tqdm(total=total, initial=first, desc="train-policy", unit="step",
+            self.bar = tqdm(total=planned_steps, initial=first, desc="train-policy", unit="step",
                             disable=not config.progress)
             # the next multiple of eval_every the curve has not reached (a resumed run's may have); not
             # past the resumed step itself: an evaluation cut off there by the stop was skipped for good
@@ -532,7 +534,11 @@ def _train(config: TrainConfig, held) -> dict[str, Any]:
                                      "config": asdict(config)})
             tracker.summary({"interrupted": phase, "interrupted_steps": steps})
             tracker.finish()
-            where = f"PPO step {steps:,} of {config.timesteps:,}" if phase == "ppo" else phase
+            where = phase
+            if phase == "ppo":  # of the steps PPO will run: "step 6,008 of 6,000" read as a miscount
+                where = f"PPO step {steps:,} of {planned_steps:,}"
+                if planned_steps != config.timesteps:
+                    where += f" (--timesteps {config.timesteps:,} rounded up to whole rollouts of {rollout:,} steps)"
             how = (f"continue the run with --resume --out-dir {out}" if resumable else
                    f"start from them with --init-policy {path} and another --out-dir")
             report = {"phase": phase, "steps": steps, "resumable": resumable, "out_dir": str(out)}

@@ -281,6 +281,34 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_last_rollout_past_timesteps_counts_the_steps_ppo_runs(run_cli, tmp_path, monkeypatch):
+    # PPO runs whole rollouts (2 x 24 steps here): "PPO step 66 of 60" read as a miscount
+    from sb3_contrib import MaskablePPO
+
+    real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
+    calls = {"rollouts": 0, "steps": 0}
+    training_envs: set[int] = set()
+
+    def count_rollouts(self, *args, **kwargs):
+        calls["rollouts"] += 1
+        training_envs.update(id(e.unwrapped) for e in self.env.envs)
+        return real_collect(self, *args, **kwargs)
+
+    def ctrl_c_in_the_second_rollout(self, action):
+        if calls["rollouts"] == 2 and id(self) in training_envs:
+            calls["steps"] += 1
+            if calls["steps"] == 20:  # after PPO step 66, past --timesteps 60
+                raise KeyboardInterrupt
+        return real_step(self, action)
+
+    monkeypatch.setattr(PlanEnv, "step", ctrl_c_in_the_second_rollout)
+    monkeypatch.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+    code, _, err = run_cli("train-policy", "--timesteps", "60", "--out-dir", tmp_path / "run", "--cache-dir",
+                           tmp_path / "cache", "--no-track", *TINY)
+    assert code == 130, err
+    assert "during PPO step 66 of 96 (--timesteps 60 rounded up to whole rollouts of 48 steps);" in err, err
+
+
 def test_an_evaluation_cut_off_by_ctrl_c_is_made_when_the_run_resumes(run_cli, tmp_path, monkeypatch):
     # the resumed run counted its own step as evaluated: the curve had a gap there for good
     import spantrain.policies.training as training
