@@ -36,13 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     # minutes on a small CPU quota) it ended in a KeyboardInterrupt traceback in the device's log
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _leave_at_once)
-    from spantrain.runtime.config import RunConfig
-    from spantrain.runtime.entry import exit_worker, use_temp_dir, watch_launcher
+    from spantrain.runtime.entry import EXIT_REFUSED, exit_worker, read_config, use_temp_dir, watch_launcher
     from spantrain.runtime.preflight import cpu_cores
 
-    cfg = RunConfig.from_file(argv[0])
+    rank_text, world_text = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if not (rank_text.isdigit() and world_text.isdigit() and int(rank_text) < int(world_text)):
+        # the emulator sets both: a worker started by hand without them ended in a KeyError traceback
+        print(f"emulated_worker: error: RANK={rank_text} and WORLD_SIZE={world_text}: both must be set, to a rank "
+              "below the number of ranks (`spantrain run --emulate` sets them)", file=sys.stderr)
+        return EXIT_REFUSED
+    rank, world = int(rank_text), int(world_text)
+    cfg = read_config(argv[0], f"rank {rank}")
     use_temp_dir(cfg.temp_dir)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if cfg.threads is None:
         omp = os.environ.get("OMP_NUM_THREADS", "")
         threads = int(omp) if omp.isdigit() and int(omp) > 0 else max(1, cpu_cores() // world)

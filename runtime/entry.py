@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_REFUSED", "EXIT_ORPHANED", "ORPHAN_GRACE_S", "error_file", "log_file",
-           "launcher_gone", "watch_launcher", "local_entry", "exit_worker"]
+           "launcher_gone", "watch_launcher", "local_entry", "exit_worker", "read_config"]
 
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED, EXIT_ORPHANED = 0, 1, 2, 3
 """Worker exit codes: done; unexpected error; refusal (a `SpantrainError`); the launcher went away
@@ -78,11 +78,24 @@ def use_temp_dir(path: str | None) -> None:
         tempfile.tempdir = None  # tempfile reads TMPDIR again
 
 
-def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:
-    """Run rank `rank` of the run described by `config_path`; never returns."""
+def read_config(config_path: str, who: str):
+    """The run's `RunConfig` from `config_path`, for a worker; one that cannot be read (missing,
+    malformed: a worker started by hand) ends the process with its one-line error on stderr,
+    ``WHO: error: ...``, and `EXIT_REFUSED` (was a traceback). No error file: it lives in the
+    run directory, which the config names."""
+    from spantrain.errors import SpantrainError
     from spantrain.runtime.config import RunConfig
 
-    cfg = RunConfig.from_file(config_path)
+    try:
+        return RunConfig.from_file(config_path)
+    except SpantrainError as e:
+        print(f"{who}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(EXIT_REFUSED)
+
+
+def local_entry(config_path: str, rank: int, world_size: int, store_path: str) -> None:
+    """Run rank `rank` of the run described by `config_path`; never returns."""
+    cfg = read_config(config_path, f"rank {rank}")
     if cfg.launcher_pid and launcher_gone(cfg.launcher_pid):
         # forked for a launcher that Ctrl-C ended while the fork server was still importing torch
         # (its request was already sent): nothing of it may appear in the run directory
