@@ -223,14 +223,23 @@ def write_text_atomic(path: str | Path, text: str, signals: tuple[int, ...] = (s
     path = Path(path)
     if path.is_dir():  # `-o .`: no name to write beside (and nothing to replace)
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
-    try:
-        if path.exists() and not path.is_file():
+    if path.exists() and not path.is_file():
+        try:
             with open(path, "w") as f:
                 f.write(text)
-        else:
-            replace_file(Path(os.path.realpath(path)), lambda tmp: tmp.write_text(text), signals)
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, shown) from None
+        return
+    target = Path(os.path.realpath(path))
+    try:
+        replace_file(target, lambda tmp: tmp.write_text(text), signals)
     except OSError as e:  # named by the file the user asked for, not the temporary one
-        raise type(e)(e.errno, e.strerror, shown) from None
+        reason = e.strerror
+        refused = cannot_write_in(target.parent) if target.parent.is_dir() else None
+        if refused and not refused.startswith(DISK_FULL):
+            # the temporary file's error: /proc's "No such file or directory" read as a missing file
+            reason = f"cannot create a file in {target.parent} ({refused})"
+        raise type(e)(e.errno, reason, shown) from None
 
 
 def save_text(path: Any, text: str, error: type[Exception], what: str, example: str) -> None:
@@ -303,8 +312,10 @@ def _full_disk(path: Path, error: BaseException):
     """A `DiskFull` naming `path` when `error` came of its disk being full, else None."""
     from spantrain.errors import DiskFull
 
-    enospc = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not enospc and free_if_full(path.parent) is None:
+    if isinstance(error, OSError) and error.errno is not None:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return None  # it says its own cause (no permission, a read-only disk, /proc), not the disk's room
+    elif free_if_full(path.parent) is None:  # torch.save's RuntimeError says no cause: the disk tells
         return None
     # no figure of the free space: the failed writer may still hold what it wrote
     return DiskFull(f"cannot write {path}: its disk is full; free some space (the file as it was before is kept)")
@@ -318,12 +329,13 @@ DISK_FULL = "its disk is full"
 
 def free_if_full(directory: str | Path) -> int | None:
     """The bytes free on `directory`'s disk when it counts as full (`FULL_DISK_BYTES`), else None
-    (also when it cannot be asked)."""
+    (also when it cannot be asked, and for a file system of no size: /proc, /sys, which hold no
+    files of ours and were said to be full)."""
     try:
-        free = shutil.disk_usage(directory).free
+        usage = shutil.disk_usage(directory)
     except OSError:
         return None
-    return free if free < FULL_DISK_BYTES else None
+    return usage.free if usage.total and usage.free < FULL_DISK_BYTES else None
 
 
 def cannot_write_in(directory: str | Path) -> str | None:

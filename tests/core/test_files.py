@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,42 @@ def test_a_full_disk_is_said_as_such_and_the_old_file_kept(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="unexpected pos"):
         replace_file(path, _cut_short)
     assert sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_directory_that_takes_no_file_is_not_a_full_disk():
+    # /proc has no free space to tell: a write there was DiskFull, "its disk is full; free some space"
+    from spantrain._spec import write_text_atomic
+
+    with pytest.raises(OSError) as e:
+        write_text_atomic("/proc/x.json", "{}")
+    assert not isinstance(e.value, DiskFull)
+    assert str(e.value) == "[Errno 2] cannot create a file in /proc (No such file or directory): '/proc/x.json'"
+
+    def torch_refused(tmp):  # what torch.save raised there, no errno to tell
+        raise RuntimeError("[enforce fail at inline_container.cc:747] . open file failed with strerror: No such file")
+
+    with pytest.raises(RuntimeError, match="open file failed"):
+        replace_file(Path("/proc/x.pt"), torch_refused)
+
+
+def test_a_really_full_disk_is_still_said_as_such(tmp_path):
+    # what tells it from /proc: the disk has a size, and the write fails with ENOSPC
+    import os
+    import subprocess
+
+    from spantrain._spec import write_text_atomic
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64K", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        with pytest.raises(DiskFull, match="its disk is full"):
+            write_text_atomic(disk / "big.json", "x" * 2**20)
+        assert sorted(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_from_file_given_no_path_says_so():
