@@ -264,6 +264,7 @@ class Tracker:
         # online without a login, or without the network (wandb retried for 90 s, then
         # raised): the job logs offline instead, with a note, rather than failing
         timeout = {"init_timeout": _init_timeout()}
+        _quiet_info(wandb)
         before = _run_dirs(out)
         try:
             self.run = init(mode, **timeout)
@@ -276,6 +277,7 @@ class Tracker:
             # of the directory uploaded as an empty run beside the offline one
             for path in _run_dirs(out) - before:
                 shutil.rmtree(path, ignore_errors=True)
+            _quiet_info(wandb)  # the teardown took the setting with it
             self.run = init("offline")
             self.note = (f"W&B cannot log online ({reason[:200]}); logging offline to {self.url_or_dir} instead "
                          f"(`wandb sync {self.url_or_dir}` uploads it later)")
@@ -410,6 +412,19 @@ def part_settings(dir: str | Path, run_id: str | None) -> dict[str, Any]:
         if isinstance(saved, dict):
             return {"name": saved.get("name") or None, "config": saved.get("config") or None}
     return {}
+
+
+def _quiet_info(wandb) -> None:
+    """wandb's info lines off in this process, its warnings and errors kept: an online run's login
+    printed ``wandb: [wandb.login()] Loaded credentials for HOST from WANDB_API_KEY.`` to stderr (a
+    run's own `silent` setting comes too late for it). wandb sets its terminal output up from its
+    process-wide settings when it first makes them (`wandb.setup`), so they are set up again here
+    for a process where that was done before. Where this wandb has no `show_info`, nothing changes."""
+    if "show_info" not in getattr(wandb.Settings, "model_fields", {}):
+        return
+    with contextlib.suppress(Exception):  # a nicety: an online run must not fail over it
+        setup = wandb.setup(wandb.Settings(show_info=False))
+        wandb.termsetup(setup.settings, None)
 
 
 def _flush_setting(wandb) -> dict[str, float]:

@@ -73,6 +73,27 @@ def test_a_run_id_that_cannot_start_online_logs_offline_under_the_same_id(tmp_pa
     assert sorted((tmp_path / "wandb" / "wandb").glob("*run-*")) == [Path(where), earlier]
 
 
+def test_an_online_attempt_prints_no_wandb_login_line_but_keeps_its_warnings(tmp_path):
+    # "wandb: [wandb.login()] Loaded credentials for ... from WANDB_API_KEY." came before spantrain's note
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{port}",
+           "WANDB_INIT_TIMEOUT": "3"}
+    env.pop("WANDB_SILENT", None)
+    code = ("import sys, wandb; from spantrain.tracking import Tracker; "
+            "Tracker(job_type='t', dir=sys.argv[1]).finish(); wandb.termlog('an info line'); "
+            "wandb.termwarn('a warning')")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("spantrain: note: W&B cannot log online ("), done.stderr
+    assert "WARNING" in lines[1] and lines[1].endswith("a warning"), done.stderr
+
+
 @pytest.mark.parametrize("machine,env", [
     ("api.wandb.ai", {}),
     ("api.forge.coreweave.com", {}),  # what `wandb login` writes since W&B's API moved there
