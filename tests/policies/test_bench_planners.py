@@ -115,6 +115,24 @@ def test_out_that_cannot_be_made_says_so_and_what_to_do(capsys):
                                        "file or directory); pass a directory this user can write\n")
 
 
+def test_a_zero_gap_names_no_case_and_reads_back_the_same():
+    """Exhaustive ties the heuristic on every slow case up to float noise: no case is the worst,
+    and the saved file's rounded figures (all exact ties) give the same table line."""
+    def case(name, h, x):
+        return {"cluster": name, "model": "m", "planners": {"heuristic": {"samples_per_s": h, "feasible": True},
+                                                             "exhaustive": {"samples_per_s": x, "feasible": True}}}
+    live = [case("4xA100 0.1 Gbit/s", 14.207, 14.207 * (1 + 4.4e-16)), case("geo-6-s3 x0.1", 2.2859, 2.2859)]
+    saved = [case(c["cluster"], round(c["planners"]["heuristic"]["samples_per_s"], 4),
+                  round(c["planners"]["exhaustive"]["samples_per_s"], 4)) for c in live]
+    spec, results, _ = bench.load_saved(str(ROOT / "experiments" / "results" / "bench_planners.json"))
+    lines = []
+    for slow in (live, saved):
+        s = bench.summarize({**results, "slow": slow})
+        assert s["slow_max_gap"] < 1e-9 and s["slow_max_gap_case"] is None
+        lines += [line for line in bench.markdown(s, spec).splitlines() if "slow-network" in line]
+    assert lines[0] == lines[1] == "| within 3 % of exhaustive on slow-network small clusters | 2/2; max gap 0.00% |"
+
+
 def test_from_json_reads_back_the_saved_results():
     spec, results, summary = bench.load_saved(str(ROOT / "experiments" / "results" / "bench_planners.json"))
     assert summary["cases"] == len(results["suite"]) > 0 and spec.suite_sizes
