@@ -244,16 +244,25 @@ class PlanEnv(gym.Env):
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: EnvConfig | None = None, start: StartProvider | None = None,
-                 scenario_fn: Callable[[np.random.Generator], tuple] | None = None, render_mode: str | None = None):
+                 scenario_fn: Callable[[np.random.Generator], tuple] | None = None, render_mode: str | None = None,
+                 **fields: Any):
+        """`fields`: EnvConfig fields that override `config`'s, so that
+        ``gym.make(ENV_ID, max_devices=8)`` works as Gymnasium users expect."""
+        known = {f.name for f in dataclasses.fields(EnvConfig)}
         if isinstance(config, Mapping):  # gym.make(ENV_ID, config={"max_devices": 8}) was an AttributeError
-            unknown = sorted(set(config) - {f.name for f in dataclasses.fields(EnvConfig)})
+            unknown = sorted(set(config) - known)
             if unknown:
                 raise SpantrainError(f"config: unknown EnvConfig field{'s' if len(unknown) > 1 else ''} "
                                      f"{', '.join(map(repr, unknown))}")
             config = EnvConfig(**config)
         elif config is not None and not isinstance(config, EnvConfig):
             raise SpantrainError(f"config must be an EnvConfig (or a dict of its fields), got {config!r:.80}")
-        self.config = config or EnvConfig()
+        if unknown := sorted(set(fields) - known):  # was a TypeError from deep inside gym.make
+            raise SpantrainError(f"PlanEnv: unknown argument{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(map(repr, unknown))}: pass config, start, scenario_fn, render_mode "
+                                 f"or EnvConfig fields ({', '.join(sorted(known))})")
+        config = config or EnvConfig()
+        self.config = dataclasses.replace(config, **fields) if fields else config
         self.start_provider = start or simple_start
         self.scenario_fn = scenario_fn
         self.render_mode = render_mode

@@ -261,3 +261,17 @@ def test_env_takes_its_config_as_a_dict_and_names_a_wrong_one():
         gym.make(ENV_ID, config={"max_device": 8})
     with pytest.raises(SpantrainError, match="config must be an EnvConfig"):
         gym.make(ENV_ID, config="small")
+
+
+def test_env_takes_config_fields_as_keyword_arguments():
+    # gym.make(ENV_ID, max_devices=8) was a TypeError from inside gym.make
+    env = gym.make(ENV_ID, max_devices=8, models=("gpt2-medium",))
+    assert env.unwrapped.config == EnvConfig(max_devices=8, models=("gpt2-medium",))
+    # fields given beside a config override its own
+    env = gym.make(ENV_ID, config=SMALL, max_steps=3)
+    assert env.unwrapped.config == EnvConfig(max_devices=8, min_devices=3, models=("gpt2-medium",), max_steps=3,
+                                             adapt_prob=0.5)
+    with pytest.raises(SpantrainError, match=r"unknown argument 'max_device'.*max_devices"):
+        gym.make(ENV_ID, max_device=8)
+    with pytest.raises(SpantrainError, match=r"EnvConfig\.max_steps"):
+        gym.make(ENV_ID, config=SMALL, max_steps=0)
