@@ -241,7 +241,8 @@ def network_change(cluster: Cluster, rng: np.random.Generator) -> tuple[Cluster,
 class PlanEnv(gym.Env):
     """Improve a plan by moves (module docstring)."""
 
-    metadata = {"render_modes": ["ansi"]}
+    # render_fps: Gymnasium's checker warns without one (text frames have no playback rate)
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, config: EnvConfig | None = None, start: StartProvider | None = None,
                  scenario_fn: Callable[[np.random.Generator], tuple] | None = None, render_mode: str | None = None,
@@ -261,6 +262,10 @@ class PlanEnv(gym.Env):
             raise SpantrainError(f"PlanEnv: unknown argument{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(map(repr, unknown))}: pass config, start, scenario_fn, render_mode "
                                  f"or EnvConfig fields ({', '.join(sorted(known))})")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            # gym.make only warned, and render() then returned None
+            raise SpantrainError(f"render_mode {render_mode!r:.40} is not supported: the environment renders its "
+                                 "plan as text, pass render_mode='ansi' (or none)")
         config = config or EnvConfig()
         self.config = dataclasses.replace(config, **fields) if fields else config
         self.start_provider = start or simple_start

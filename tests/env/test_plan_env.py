@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -275,3 +277,16 @@ def test_env_takes_config_fields_as_keyword_arguments():
         gym.make(ENV_ID, max_device=8)
     with pytest.raises(SpantrainError, match=r"EnvConfig\.max_steps"):
         gym.make(ENV_ID, config=SMALL, max_steps=0)
+
+
+def test_renders_text_and_refuses_other_render_modes():
+    env = gym.make(ENV_ID, config=SMALL, render_mode="ansi")
+    env.reset(seed=0)
+    assert "s/iteration" in env.render()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gym_check_env(gym.make(ENV_ID, config=SMALL, render_mode="ansi").unwrapped)  # the render check too
+    assert not [w for w in caught if "fps" in str(w.message)]
+    for mode in ("human", "rgb_array"):  # gym.make only warned, and render() returned None
+        with pytest.raises(SpantrainError, match=f"render_mode '{mode}' is not supported.*'ansi'"):
+            gym.make(ENV_ID, config=SMALL, render_mode=mode)
