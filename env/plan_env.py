@@ -360,8 +360,24 @@ class PlanEnv(gym.Env):
 
     # ---- dynamics -------------------------------------------------------------------------
 
+    def _started(self, what: str) -> None:
+        if self.scenario is None:  # was an AssertionError (step) or an AttributeError (action_masks)
+            raise SpantrainError(f"PlanEnv.{what} before the first episode: call reset() first")
+
+    def _action(self, action: Any) -> int:
+        """`action` as an index of the action space; SpantrainError naming it otherwise (an
+        out-of-range one was a ValueError, 1.5 was taken as 1, an array of one a TypeError)."""
+        a = action.item() if isinstance(action, np.ndarray | np.generic) and action.shape == () else action
+        if not _whole(a) or not 0 <= a < self.actions.size:
+            batched = isinstance(action, np.ndarray) and action.shape
+            got = f"an array of shape {action.shape}" if batched else f"{a!r:.40}"
+            raise SpantrainError(f"action must be one integer in [0, {self.actions.size}) (an index of the "
+                                 f"Discrete action space), got {got}")
+        return int(a)
+
     def valid_action_mask(self, cand: Candidate | None = None) -> np.ndarray:
         """Valid moves of `cand` (the current plan when None) in this episode's scenario."""
+        self._started("action_masks()")
         s = self.scenario
         cand = self.current if cand is None else cand
         return action_mask(cand.layout, cand.knobs, len(s.cluster), self.config.max_devices, s.workload.num_layers,
@@ -372,15 +388,16 @@ class PlanEnv(gym.Env):
         return self.valid_action_mask()
 
     def step(self, action):
-        assert self.scenario is not None, "call reset() first"
+        self._started("step()")
+        action = self._action(action)
         self.t += 1
-        kind, i, _ = self.actions.decode(int(action))
+        kind, i, _ = self.actions.decode(action)
         truncated = self.t >= self.config.max_steps
         if kind == "knob" and KNOBS[i] == "stop":
             return self._obs(), 0.0, True, False, self._info(stopped=True)
-        if not self.valid_action_mask()[int(action)]:
+        if not self.valid_action_mask()[action]:
             return self._obs(), -self.config.invalid_penalty, False, truncated, self._info(rejected="invalid")
-        cand = self.preview(int(action))
+        cand = self.preview(action)
         if not cand.feasible:
             return self._obs(), -self.config.invalid_penalty, False, truncated, self._info(rejected="memory")
         before = self._effective(self.current)

@@ -290,3 +290,22 @@ def test_renders_text_and_refuses_other_render_modes():
     for mode in ("human", "rgb_array"):  # gym.make only warned, and render() returned None
         with pytest.raises(SpantrainError, match=f"render_mode '{mode}' is not supported.*'ansi'"):
             gym.make(ENV_ID, config=SMALL, render_mode=mode)
+
+
+def test_step_and_masks_say_what_is_wrong_in_one_line():
+    env = PlanEnv(SMALL)
+    # an AssertionError (step) and an AttributeError (action_masks) before
+    with pytest.raises(SpantrainError, match=r"step\(\) before the first episode: call reset\(\) first"):
+        env.step(0)
+    with pytest.raises(SpantrainError, match=r"action_masks\(\) before the first episode: call reset\(\) first"):
+        env.action_masks()
+    env.reset(seed=0)
+    n = env.action_space.n
+    # a ValueError, 1.5 taken as 1, a TypeError for predict()'s batched (1,) array
+    for bad, shown in [(-1, "-1"), (n, str(n)), (1.5, "1.5"), (None, "None"), ("stop", "'stop'"),
+                       (np.array([env.actions.stop]), r"an array of shape \(1,\)")]:
+        with pytest.raises(SpantrainError, match=rf"action must be one integer in \[0, {n}\).*got {shown}$"):
+            env.step(bad)
+    assert env.t == 0  # a refused action is no move
+    _, _, term, _, info = env.step(np.array(env.actions.stop))  # what predict() returns for one observation
+    assert term and info["stopped"]
