@@ -323,9 +323,13 @@ class PlanEnv(gym.Env):
 
     def load(self, scenario: Scenario) -> None:
         """Start an episode on a given scenario (deployment and evaluation use this)."""
+        if not isinstance(scenario, Scenario):  # was an AttributeError ('Cluster' has no attribute 'cluster')
+            raise SpantrainError(f"a scenario must be a spantrain.env.plan_env.Scenario (cluster, workload, "
+                                 f"evaluator, start), got a {type(scenario).__name__}")
         if len(scenario.cluster) > self.config.max_devices:
             raise SpantrainError(f"cluster has {len(scenario.cluster)} devices, the environment "
-                                 f"{self.config.max_devices} slots")
+                                 f"{self.config.max_devices} slots: make it with EnvConfig.max_devices >= "
+                                 f"{len(scenario.cluster)} (the policy serves any padding)")
         self.scenario = scenario
         self.current = scenario.start
         self.best = scenario.start
@@ -339,6 +343,12 @@ class PlanEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         options = options or {}
+        # a misspelt key ({"senario": ...}) silently drew a random episode instead
+        unknown = sorted(map(repr, set(options) - {"scenario"})) if isinstance(options, Mapping) else None
+        if unknown is None or unknown:
+            got = f"{options!r:.60}" if unknown is None else ", ".join(unknown)
+            raise SpantrainError(f"reset options must be a dict with at most the key 'scenario' (a Scenario to "
+                                 f"start from), got {got}")
         if "scenario" in options:
             self.load(options["scenario"])
             return self._obs(), self._info()

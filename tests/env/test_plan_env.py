@@ -309,3 +309,23 @@ def test_step_and_masks_say_what_is_wrong_in_one_line():
     assert env.t == 0  # a refused action is no move
     _, _, term, _, info = env.step(np.array(env.actions.stop))  # what predict() returns for one observation
     assert term and info["stopped"]
+
+
+def test_reset_options_and_scenarios_say_what_is_wrong(demo_spec):
+    cluster = Cluster.from_spec(demo_spec)
+    workload = Workload.from_preset("tiny-gpt")
+    ev = Evaluator(cluster, workload)
+    scenario = Scenario(key=("demo",), cluster=cluster, workload=workload, evaluator=ev, start=simple_start((), ev))
+    env = PlanEnv(SMALL)
+    _, info = env.reset(seed=0, options={"scenario": scenario})
+    assert info["scenario"] == ("demo",)
+    # a misspelt key silently drew a random episode; a cluster was an AttributeError
+    with pytest.raises(SpantrainError, match=r"at most the key 'scenario'.*got 'senario'$"):
+        env.reset(options={"senario": scenario})
+    with pytest.raises(SpantrainError, match=r"reset options must be a dict.*got \['scenario'\]"):
+        env.reset(options=["scenario"])
+    with pytest.raises(SpantrainError, match=r"must be a spantrain.env.plan_env.Scenario.*got a Cluster"):
+        env.reset(options={"scenario": cluster})
+    small = PlanEnv(EnvConfig(max_devices=len(cluster) - 1, min_devices=2))
+    with pytest.raises(SpantrainError, match=rf"EnvConfig.max_devices >= {len(cluster)}"):
+        small.reset(options={"scenario": scenario})
