@@ -11,6 +11,7 @@ distribution (no extra linear layer), so the action head is per node and per pai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -29,10 +30,11 @@ from spantrain.env.spaces import (
     NODE_FEATURES,
     ActionLayout,
 )
-from spantrain.policies.gnn import DeviceGraphEncoder, PlanHeads
+from spantrain.errors import SpantrainError
+from spantrain.policies.gnn import DeviceGraphEncoder, PlanHeads, check_sizes
 from spantrain.policies.train_config import ATTENTION_HEADS
 
-__all__ = ["to_graph", "GraphPolicyNet", "GraphFeaturesExtractor", "MaskableGraphPolicy"]
+__all__ = ["to_graph", "GraphPolicyNet", "GraphFeaturesExtractor", "MaskableGraphPolicy", "check_observation_space"]
 
 
 def to_graph(nodes: torch.Tensor, edges: torch.Tensor, mask: torch.Tensor, k: int = 8):
@@ -67,6 +69,19 @@ def to_graph(nodes: torch.Tensor, edges: torch.Tensor, mask: torch.Tensor, k: in
     return x, edge_index, edge_attr, batch, node_pos
 
 
+def _check_batch(obs: Any) -> None:
+    """SpantrainError unless `obs` is a batch of observations as float32 tensors: one
+    environment observation (numpy, no batch dimension) was a ValueError from inside."""
+    fix = "pass {k: torch.as_tensor(v)[None] for k, v in obs.items()} for one PlanEnv observation"
+    if not isinstance(obs, Mapping) or any(k not in obs for k in _SHAPES):
+        raise SpantrainError(f"GraphPolicyNet takes a dict of nodes, edges, mask and globals tensors: {fix}")
+    for k, dims in (("nodes", 3), ("edges", 4), ("mask", 2), ("globals", 2)):
+        v = obs[k]
+        if not isinstance(v, torch.Tensor) or v.dim() != dims or v.dtype != torch.float32:
+            got = f"a {v.dim()}-dim {v.dtype} tensor" if isinstance(v, torch.Tensor) else f"a {type(v).__name__}"
+            raise SpantrainError(f"GraphPolicyNet: {k} must be a {dims}-dim float32 tensor (a batch), got {got}: {fix}")
+
+
 class GraphPolicyNet(nn.Module):
     """Encoder + heads: padded observation dict -> (flat logits, value latent)."""
 
@@ -78,6 +93,7 @@ class GraphPolicyNet(nn.Module):
         self.config = {"hidden": hidden, "layers": layers, "heads": heads}
 
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_batch(obs)
         nodes, edges, mask, globals_ = obs["nodes"], obs["edges"], obs["mask"], obs["globals"]
         b, n, _ = nodes.shape
         x, edge_index, edge_attr, batch, node_pos = to_graph(nodes, edges, mask)
@@ -93,7 +109,12 @@ class GraphFeaturesExtractor(BaseFeaturesExtractor):
     """SB3 features extractor whose features are [logits | value latent]."""
 
     def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, layers: int = 3,
-                 heads: int = ATTENTION_HEADS):
+                 heads: int = ATTENTION_HEADS, **unknown: Any):
+        if unknown:  # features_extractor_kwargs={"hiden": 64} was a TypeError from deep inside SB3
+            raise SpantrainError(f"GraphFeaturesExtractor: unknown argument{'s' * (len(unknown) > 1)} "
+                                 f"{', '.join(map(repr, sorted(unknown)))}: it takes hidden, layers and heads")
+        check_observation_space(observation_space)
+        check_sizes(hidden=hidden, layers=layers, heads=heads)  # before features_dim is computed from hidden
         n = observation_space["mask"].shape[0]
         self.n_actions = ActionLayout(n).size
         super().__init__(observation_space, features_dim=self.n_actions + hidden)
@@ -102,6 +123,30 @@ class GraphFeaturesExtractor(BaseFeaturesExtractor):
     def forward(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
         logits, latent = self.net(observations)
         return torch.cat([logits, latent], dim=-1)
+
+
+_SHAPES = {"nodes": lambda n: (n, NODE_FEATURES), "edges": lambda n: (n, n, EDGE_FEATURES), "mask": lambda n: (n,),
+           "globals": lambda n: (GLOBAL_FEATURES,)}
+
+
+def check_observation_space(space: Any) -> None:
+    """SpantrainError unless `space` is `PlanEnv`'s observation space (for any padding): a
+    flattened one (FlattenObservation) or another environment's was a TypeError or
+    KeyError from inside SB3's policy constructor."""
+    fix = ("the graph policy reads spantrain.env.plan_env.PlanEnv's Dict observations (nodes, edges, mask, "
+           "globals) as the environment gives them: do not flatten or re-shape them")
+    if not isinstance(space, gym.spaces.Dict):
+        raise SpantrainError(f"observation space is a {type(space).__name__} of shape {getattr(space, 'shape', None)}, "
+                             f"not a Dict: {fix}")
+    missing = [k for k in _SHAPES if k not in space.spaces]
+    if missing:
+        raise SpantrainError(f"observation space lacks {', '.join(missing)}: {fix}")
+    mask = space["mask"]
+    n = mask.shape[0] if isinstance(mask, gym.spaces.Box) and len(mask.shape) == 1 else None
+    bad = [f"{k} of shape {getattr(space[k], 'shape', None)}" for k, shape in _SHAPES.items()
+           if n is None or not isinstance(space[k], gym.spaces.Box) or space[k].shape != shape(n)]
+    if bad:
+        raise SpantrainError(f"observation space has {', '.join(bad)}, not PlanEnv's shapes: {fix}")
 
 
 class _Split(nn.Module):
@@ -127,6 +172,9 @@ class MaskableGraphPolicy(MaskableMultiInputActorCriticPolicy):
     """MaskablePPO policy whose action logits come from the graph heads directly."""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        if "use_sde" in kwargs:  # stable_baselines3's PPO passes it, MaskablePPO does not; was a TypeError
+            raise SpantrainError("MaskableGraphPolicy is for sb3_contrib's MaskablePPO (it masks invalid moves), "
+                                 "not stable_baselines3's PPO: use sb3_contrib.MaskablePPO(MaskableGraphPolicy, env)")
         kwargs.setdefault("features_extractor_class", GraphFeaturesExtractor)
         kwargs.setdefault("share_features_extractor", True)
         super().__init__(*args, **kwargs)

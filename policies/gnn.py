@@ -10,14 +10,18 @@ value unchanged; tested).
 
 from __future__ import annotations
 
+import numbers
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 from torch_geometric.nn import GATv2Conv
 from torch_geometric.utils import scatter
+
+from spantrain.errors import SpantrainError, join_problems
 
 __all__ = ["DeviceGraphEncoder", "PlanHeads"]
 
@@ -31,8 +35,7 @@ class DeviceGraphEncoder(nn.Module):
 
     def __init__(self, node_in: int, edge_in: int, hidden: int = 64, layers: int = 3, heads: int = 4):
         super().__init__()
-        if hidden % heads:
-            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        check_sizes(hidden=hidden, layers=layers, heads=heads)
         self.node_proj = nn.Sequential(nn.Linear(node_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
         # raw edge features go straight into each layer's attention: projecting them to
         # `hidden` first would cost O(edges x hidden^2) per layer on complete graphs
@@ -47,6 +50,18 @@ class DeviceGraphEncoder(nn.Module):
         for conv, norm in zip(self.convs, self.norms):
             h = norm(h + torch.relu(conv(h, edge_index, edge_attr)))
         return h
+
+
+def check_sizes(*, hidden: Any, layers: Any, heads: Any) -> None:
+    """SpantrainError naming every bad network size (hidden=0 or layers=-1 built a network
+    that learned nothing, heads=0 was a ZeroDivisionError, "64" a TypeError)."""
+    problems = [f"{name} must be an integer >= 1, got {value!r:.40}" for name, value in
+                (("hidden", hidden), ("layers", layers), ("heads", heads))
+                if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1]
+    if not problems and hidden % heads:
+        problems.append(f"hidden ({hidden}) must be a multiple of heads ({heads}), which split it")
+    if problems:
+        raise SpantrainError(f"policy network: {join_problems(problems)}")
 
 
 @contextmanager

@@ -599,3 +599,50 @@ def test_load_policy_given_no_path_names_it():
     from spantrain.policies.ppo import load_policy
     with pytest.raises(PolicyError, match="--policy must be the path of a policy file, got 5"):
         load_policy(5)
+
+
+@pytest.mark.parametrize(("sizes", "reason"), [
+    ({"hidden": 30}, r"hidden \(30\) must be a multiple of heads \(4\)"),  # was a ValueError
+    ({"hidden": 0}, "hidden must be an integer >= 1, got 0"),  # built a network that learned nothing
+    ({"layers": -1}, "layers must be an integer >= 1, got -1"),
+    ({"heads": 0}, "heads must be an integer >= 1, got 0"),  # a ZeroDivisionError
+    ({"hidden": "64"}, "hidden must be an integer >= 1, got '64'"),  # a TypeError
+])
+def test_bad_network_sizes_are_one_line_errors(sizes, reason):
+    from spantrain.errors import SpantrainError
+    from spantrain.policies.extractor import GraphFeaturesExtractor
+
+    with pytest.raises(SpantrainError, match=reason):
+        GraphPolicyNet(**sizes)
+    with pytest.raises(SpantrainError, match=reason):
+        GraphFeaturesExtractor(PlanEnv(SMALL).observation_space, **sizes)
+
+
+def test_the_graph_policy_names_what_it_cannot_take():
+    import gymnasium as gym
+    from gymnasium.wrappers import FlattenObservation
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import PPO
+
+    from spantrain.errors import SpantrainError
+    from spantrain.policies.extractor import GraphFeaturesExtractor, MaskableGraphPolicy
+
+    env = PlanEnv(SMALL)
+    with pytest.raises(SpantrainError, match="unknown argument 'hiden': it takes hidden, layers and heads"):
+        GraphFeaturesExtractor(env.observation_space, hiden=64)  # a TypeError from inside SB3
+    # a flattened or foreign observation space was a TypeError or KeyError from inside SB3
+    with pytest.raises(SpantrainError, match=r"a Box of shape \(\d+,\), not a Dict.*do not flatten"):
+        MaskablePPO(MaskableGraphPolicy, FlattenObservation(env), n_steps=16, batch_size=16)
+    with pytest.raises(SpantrainError, match="lacks nodes, edges, mask, globals"):
+        GraphFeaturesExtractor(gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (3,))}))
+    with pytest.raises(SpantrainError, match="for sb3_contrib's MaskablePPO"):  # a TypeError about use_sde
+        PPO(MaskableGraphPolicy, env, n_steps=16, batch_size=16)
+    net = GraphPolicyNet(hidden=16, layers=1)
+    obs, _ = env.reset(seed=0)
+    # one observation as the environment gives it was a ValueError from inside
+    with pytest.raises(SpantrainError, match=r"nodes must be a 3-dim float32 tensor \(a batch\), got a ndarray"):
+        net(obs)
+    with pytest.raises(SpantrainError, match=r"got a 2-dim torch\.float32 tensor"):
+        net({k: torch.as_tensor(v) for k, v in obs.items()})
+    logits, _ = net({k: torch.as_tensor(v)[None] for k, v in obs.items()})
+    assert logits.shape == (1, env.action_space.n)
