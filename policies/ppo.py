@@ -114,6 +114,10 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
             raise PolicyError(f"{who} is damaged or truncated: {fix}") from None
         if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EIO):  # may well be a policy
             raise PolicyError(f"{who} cannot be read ({e.strerror})") from None
+        if _sb3_model(path):  # what MaskablePPO.save writes, with the graph policy inside
+            raise PolicyError(f"{who} is a stable-baselines3 model file (MaskablePPO.save), not a policy file: "
+                              "write one from the model with spantrain.policies.ppo.save_policy("
+                              "model.policy.graph_net, PATH, env={}, value=model.policy.value_net)") from None
         # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
         raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
     if isinstance(blob, dict) and {"optimizer", "num_timesteps", "config"} <= blob.keys():
@@ -163,6 +167,17 @@ def _run_policy(run_dir: Path) -> str:
 def _damaged(e: Exception, path: Path | None = None) -> bool:
     """Whether torch.load failed on a torch file (`path`, if known) cut short: a full disk, a copy cut off."""
     return isinstance(e, EOFError) or "PytorchStreamReader" in str(e) or (path is not None and _cut_zip(path))
+
+
+def _sb3_model(path: Path) -> bool:
+    """Whether `path` is a stable-baselines3 model zip (`model.save`)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return {"data", "policy.pth"} <= set(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _cut_zip(path: Path) -> bool:

@@ -646,3 +646,25 @@ def test_the_graph_policy_names_what_it_cannot_take():
         net({k: torch.as_tensor(v) for k, v in obs.items()})
     logits, _ = net({k: torch.as_tensor(v)[None] for k, v in obs.items()})
     assert logits.shape == (1, env.action_space.n)
+
+
+def test_a_maskable_ppo_model_file_names_how_to_make_a_policy_of_it(tmp_path):
+    # MaskablePPO.save's zip was "not a spantrain policy file (not a torch file of tensors)"
+    from sb3_contrib import MaskablePPO
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.extractor import MaskableGraphPolicy
+    from spantrain.policies.ppo import PPOPlanner, load_policy, save_policy
+
+    model = MaskablePPO(MaskableGraphPolicy, PlanEnv(SMALL), n_steps=16, batch_size=16, seed=0, device="cpu",
+                        policy_kwargs={"features_extractor_kwargs": {"hidden": 16, "layers": 1}})
+    model.save(tmp_path / "model.zip")
+    with pytest.raises(PolicyError, match=r"is a stable-baselines3 model file \(MaskablePPO.save\).*save_policy\("):
+        load_policy(tmp_path / "model.zip")
+    # what the message says to do gives a policy the planner uses
+    model = MaskablePPO.load(tmp_path / "model.zip")
+    save_policy(model.policy.graph_net, tmp_path / "policy.pt", env={}, value=model.policy.value_net)
+    cluster = generate(6, seed=1, profile="datacenter")
+    workload = Workload.from_preset("gpt2-medium")
+    plan = PPOPlanner(policy=str(tmp_path / "policy.pt"), samples=1).plan(cluster, workload)
+    assert plan.problems(cluster, workload) == []
