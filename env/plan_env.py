@@ -40,7 +40,7 @@ from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs, Layout
 from spantrain.env.moves import action_mask, apply_move, roles
 from spantrain.env.spaces import EDGE_FEATURES, GLOBAL_FEATURES, KNOBS, NODE_FEATURES, ActionLayout
-from spantrain.errors import SpantrainError, join_problems
+from spantrain.errors import SpantrainError, SpecError, WorkloadError, join_problems
 from spantrain.plan import SCHEDULES
 from spantrain.profiler.topology import PROFILES, generate
 from spantrain.workload import PRESETS, Workload
@@ -139,6 +139,19 @@ class EnvConfig:
             problems.append(f"EnvConfig.seed_range must be a non-empty [lo, hi) of integers >= 0, got {lo_hi!r}")
         if problems:
             raise SpantrainError(join_problems(problems))
+
+
+class _NotACandidate(SpantrainError):
+    """A start provider's result is no plan: its author's mistake, not a scenario to skip."""
+
+
+def _checked_key(key: Any) -> tuple:
+    """A scenario_fn's key, or SpantrainError saying what one is (a bad one was a TypeError
+    or ValueError from unpacking it)."""
+    if not isinstance(key, tuple) or len(key) != 5:
+        raise SpantrainError(f"scenario_fn returned {key!r:.80}: it must return a scenario key "
+                             "(profile, devices, seed, model, batch_scale), e.g. ('cee', 8, 0, 'gpt2-medium', 1)")
+    return key
 
 
 def _whole(x: Any) -> bool:
@@ -268,6 +281,10 @@ class PlanEnv(gym.Env):
                                  "plan as text, pass render_mode='ansi' (or none)")
         config = config or EnvConfig()
         self.config = dataclasses.replace(config, **fields) if fields else config
+        for name, fn in (("start", start), ("scenario_fn", scenario_fn)):
+            if fn is not None and not callable(fn):  # failed at the first reset() as "'str' is not callable"
+                raise SpantrainError(f"{name} must be a function (see PlanEnv's StartProvider and scenario_fn), "
+                                     f"got {fn!r:.60}")
         self.start_provider = start or simple_start
         self.scenario_fn = scenario_fn
         self.render_mode = render_mode
@@ -287,7 +304,7 @@ class PlanEnv(gym.Env):
 
     def _draw_key(self) -> tuple:
         if self.scenario_fn is not None:
-            return self.scenario_fn(self.np_random)
+            return _checked_key(self.scenario_fn(self.np_random))
         if self.config.pool_size:
             return self._pool[int(self.np_random.integers(len(self._pool)))]
         return _draw(self.config, self.np_random)
@@ -297,7 +314,11 @@ class PlanEnv(gym.Env):
         base = generate(n, seed=seed, profile=profile)
         workload = scenario_workload(model, batch_scale)
         base_ev = Evaluator(base, workload)
-        start = self._kicked(self.start_provider(key, base_ev), base_ev, workload)
+        start = self.start_provider(key, base_ev)
+        if not isinstance(start, Candidate):  # was an AttributeError ('NoneType' has no attribute 'built')
+            raise _NotACandidate(f"the start provider returned a {type(start).__name__} for scenario {key}, not a "
+                            "Candidate (an Evaluator.balance result, as simple_start returns)")
+        start = self._kicked(start, base_ev, workload)
         if not adapt:
             return Scenario(key=key, cluster=base, workload=workload, evaluator=base_ev, start=start)
         changed, what = network_change(base, self.np_random)
@@ -352,21 +373,32 @@ class PlanEnv(gym.Env):
         if "scenario" in options:
             self.load(options["scenario"])
             return self._obs(), self._info()
+        last = ""
         for _ in range(50):
             key = self._draw_key()
             adapt = bool(self.np_random.random() < self.config.adapt_prob)
             try:
                 scenario = self._build(key, adapt)
-            except SpantrainError:
+            except _NotACandidate:
+                raise
+            except (SpecError, WorkloadError) as e:  # a scenario_fn's key no cluster or model exists for
+                raise SpantrainError(f"scenario {key}: {e}") from None
+            except SpantrainError as e:
+                last = str(e)
                 continue  # e.g. the model fits nowhere on this cluster: draw another
             if scenario.start.feasible:
                 self.load(scenario)
                 return self._obs(), self._info()
+            last = f"scenario {key}: its starting plan does not fit memory"
         c = self.config
-        raise SpantrainError(f"could not draw a scenario with a feasible starting plan in 50 tries: the models "
-                             f"({', '.join(c.models)}) fit none of the clusters of EnvConfig.min_devices "
-                             f"({c.min_devices}) to EnvConfig.max_devices ({c.max_devices}) devices drawn; allow "
-                             "larger clusters (EnvConfig.max_devices) or smaller models (EnvConfig.models)")
+        # the last reason: a start provider that refuses every scenario was blamed on the config alone
+        tried = f"could not draw a scenario with a feasible starting plan in 50 tries (the last: {last})"
+        if self.scenario_fn is not None:  # the config's sizes and models were not what was drawn
+            raise SpantrainError(f"{tried}: check the scenario_fn and start provider")
+        raise SpantrainError(f"{tried}: the models ({', '.join(c.models)}) fit none of the clusters of "
+                             f"EnvConfig.min_devices ({c.min_devices}) to EnvConfig.max_devices ({c.max_devices}) "
+                             "devices drawn; allow larger clusters (EnvConfig.max_devices) or smaller models "
+                             "(EnvConfig.models)")
 
     # ---- dynamics -------------------------------------------------------------------------
 

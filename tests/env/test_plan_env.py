@@ -329,3 +329,36 @@ def test_reset_options_and_scenarios_say_what_is_wrong(demo_spec):
     small = PlanEnv(EnvConfig(max_devices=len(cluster) - 1, min_devices=2))
     with pytest.raises(SpantrainError, match=rf"EnvConfig.max_devices >= {len(cluster)}"):
         small.reset(options={"scenario": scenario})
+
+
+@pytest.mark.parametrize(("key", "reason"), [
+    (("nope", 4, 1, "gpt2-medium", 1), r"scenario \('nope'.*unknown topology profile 'nope'"),
+    (("cee", 4, 1, "gpt-5", 1), "unknown model 'gpt-5'"),
+    (("cee", 4, -1, "gpt2-medium", 1), "seed must be an integer >= 0"),
+    (("cee", 4, 1, "gpt2-medium"), r"scenario_fn returned \('cee'.*\(profile, devices, seed, model, batch_scale\)"),
+    (None, "scenario_fn returned None"),
+])
+def test_a_bad_scenario_fn_key_is_named_not_retried(key, reason):
+    # these were blamed on EnvConfig's models and sizes after 50 draws, or a TypeError from unpacking
+    with pytest.raises(SpantrainError, match=reason):
+        PlanEnv(SMALL, scenario_fn=lambda rng: key).reset(seed=0)
+
+
+def test_a_bad_start_provider_is_named():
+    with pytest.raises(SpantrainError, match=r"start must be a function.*got 'heuristic'"):
+        PlanEnv(SMALL, start="heuristic")
+    with pytest.raises(SpantrainError, match="scenario_fn must be a function"):
+        PlanEnv(SMALL, scenario_fn=("cee", 4, 1, "gpt2-medium", 1))
+    # an AttributeError ('NoneType' object has no attribute 'built')
+    with pytest.raises(SpantrainError, match=r"start provider returned a NoneType.*not a Candidate"):
+        PlanEnv(SMALL, start=lambda key, ev: None).reset(seed=0)
+
+    def refuses(key, ev):
+        raise SpantrainError("no start for you")
+
+    # the config's models and sizes alone were blamed for what the provider refused
+    with pytest.raises(SpantrainError, match=r"50 tries \(the last: no start for you\): the models"):
+        PlanEnv(SMALL, start=refuses).reset(seed=0)
+    with pytest.raises(SpantrainError, match=r"50 tries \(the last: no start for you\): check the scenario_fn"):
+        PlanEnv(SMALL, start=refuses, scenario_fn=lambda rng: ("cee", 4, 1, "gpt2-medium", 1)).reset(seed=0)
+
