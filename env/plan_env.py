@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from spantrain.cluster import Cluster
+from spantrain.cluster import MAX_DEVICES, Cluster
 from spantrain.env.evaluator import Candidate, Evaluator, Knobs, Layout
 from spantrain.env.moves import action_mask, apply_move, roles
 from spantrain.env.spaces import EDGE_FEATURES, GLOBAL_FEATURES, KNOBS, NODE_FEATURES, ActionLayout
@@ -114,8 +114,15 @@ class EnvConfig:
                 if not isinstance(x, str) or x not in known:
                     problems.append(f"EnvConfig.{name}: unknown name {x!r} (choose from {', '.join(known)})")
 
-        if whole("max_devices", 2) & whole("min_devices", 2) and self.min_devices > self.max_devices:
-            problems.append(f"EnvConfig.min_devices must be in [2, max_devices], got {self.min_devices}")
+        sizes_ok = whole("max_devices", 2) & whole("min_devices", 2)
+        if sizes_ok and self.max_devices > MAX_DEVICES:
+            # the spaces alone hold max_devices^2 edge features: 10,000 slots asked for 4.8 GB before any episode
+            problems.append(f"EnvConfig.max_devices must be at most {MAX_DEVICES} (the largest cluster), "
+                            f"got {self.max_devices}")
+        elif sizes_ok and self.min_devices > self.max_devices:
+            # EnvConfig(max_devices=2) alone was refused as "min_devices must be in [2, max_devices], got 4"
+            problems.append(f"EnvConfig.min_devices ({self.min_devices}) is above EnvConfig.max_devices "
+                            f"({self.max_devices}): lower min_devices too")
         names("profiles", PROFILES)
         names("models", PRESETS)
         whole("max_steps", 1)

@@ -362,3 +362,13 @@ def test_a_bad_start_provider_is_named():
     with pytest.raises(SpantrainError, match=r"50 tries \(the last: no start for you\): check the scenario_fn"):
         PlanEnv(SMALL, start=refuses, scenario_fn=lambda rng: ("cee", 4, 1, "gpt2-medium", 1)).reset(seed=0)
 
+
+def test_env_config_sizes_name_the_fix():
+    # EnvConfig(max_devices=2) alone was "min_devices must be in [2, max_devices], got 4"
+    with pytest.raises(SpantrainError, match=r"min_devices \(4\) is above EnvConfig.max_devices \(2\): lower "
+                                             "min_devices too"):
+        EnvConfig(max_devices=2)
+    assert EnvConfig(max_devices=2, min_devices=2).max_devices == 2
+    # unbounded, the observation space alone asked for gigabytes (or terabytes) before any episode
+    with pytest.raises(SpantrainError, match="max_devices must be at most 4096"):
+        EnvConfig(max_devices=1_000_000)
