@@ -175,7 +175,8 @@ class TrainConfig:
         ok: set[str] = set()  # integer fields whose own rules hold
         for name in ("out_dir", "cache_dir"):
             v = getattr(self, name)
-            if v is not None and not isinstance(v, str):
+            # out_dir=None was a TypeError from Path() once train() began; cache_dir=None is the default cache
+            if (v is not None or name == "out_dir") and not isinstance(v, str):
                 problems.append(f"TrainConfig.{name} must be a directory path, got {v!r:.80}")
         if problem := _not_plain(self.extra):
             problems.append("TrainConfig.extra must hold plain data (text, numbers, booleans, None, and lists and "

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,14 @@ def _check_can_create(path: str | None, field: str) -> None:
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run a training job; returns a summary (paths, timings, final evaluation). The run owns
     `config.out_dir` while it runs: a second run started there fails at once, naming this one."""
+    if isinstance(config, Mapping):  # train({"timesteps": ...}) was an AttributeError ('dict' has no cache_dir)
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise SpantrainError(f"train: unknown TrainConfig field{'s' * (len(unknown) > 1)} "
+                                 f"{', '.join(map(repr, unknown))}")
+        config = TrainConfig(**config)
+    elif not isinstance(config, TrainConfig):
+        raise SpantrainError(f"train takes a TrainConfig (or a dict of its fields), got {config!r:.80}")
     if config.cache_dir:  # as the run's saved settings name it: a resume from elsewhere computed the starts anew
         config = dataclasses.replace(config, cache_dir=os.path.abspath(config.cache_dir))
     with contextlib.ExitStack() as held:

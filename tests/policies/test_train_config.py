@@ -97,6 +97,7 @@ def test_an_init_policy_that_is_a_directory_is_named_so(run_cli, tmp_path):
     ("learning_rate", 100.0, "learning_rate must be a finite number in (0, 1], got 100.0"),
     ("ent_coef", 1e300, "ent_coef must be a finite number in [0, 1], got 1e+300"),
     ("out_dir", "", "out_dir is empty: pass a directory"),
+    ("out_dir", None, "out_dir must be a directory path, got None"),  # a TypeError once train() began
     ("cache_dir", "", "cache_dir is empty: pass a directory"),
     ("workers", 100_000, "workers must be at most 256 (each is a process with its own cost model"),
 ])
@@ -471,3 +472,16 @@ def test_train_policy_names_every_bad_flag_at_once(run_cli):
     assert code == 2 and out == ""
     assert err == ("spantrain train-policy: error: --n-envs must be a positive integer, got 0; --seed must be an "
                    "integer from 0 to 4294967295, got 5000000000; --gamma must be a finite number in (0, 1], got 2.0\n")
+
+
+def test_train_takes_a_dict_of_fields_and_names_a_wrong_argument(tmp_path):
+    from spantrain.policies.training import train
+
+    # were AttributeErrors ('dict' object has no attribute 'cache_dir'); a dict's fields are checked as TrainConfig's
+    with pytest.raises(SpantrainError, match="train: unknown TrainConfig field 'timestep'"):
+        train({"timestep": 10, "out_dir": str(tmp_path)})
+    with pytest.raises(SpantrainError, match=r"TrainConfig\.timesteps must be an integer >= 0"):
+        train({"timesteps": -1, "out_dir": str(tmp_path)})
+    with pytest.raises(SpantrainError, match=r"train takes a TrainConfig .*got None"):
+        train(None)
+    assert not any(tmp_path.iterdir())
