@@ -283,6 +283,7 @@ def improve(net, scenario, *, steps: int, samples: int, seed: int, horizon: int 
 
     from spantrain.env.plan_env import EnvConfig, PlanEnv
 
+    net = _graph_net(net)
     n = max(len(scenario.cluster), 2)
     cfg = EnvConfig(max_devices=n, min_devices=2, max_steps=steps, horizon=horizon)
     envs = [PlanEnv(cfg) for _ in range(samples + 1)]
@@ -298,6 +299,20 @@ def improve(net, scenario, *, steps: int, samples: int, seed: int, horizon: int 
     finally:
         torch.set_num_threads(threads)
     return max((e.best for e in envs), key=envs[0]._effective)
+
+
+def _graph_net(net):
+    """The GraphPolicyNet of `net`: itself, or that of a MaskablePPO model or its policy
+    (which were a TypeError, 'not callable', or a shape error from inside torch)."""
+    from spantrain.policies.extractor import GraphPolicyNet, MaskableGraphPolicy
+
+    policy = getattr(net, "policy", net)
+    # only MaskableGraphPolicy acts on the graph net's logits: another policy's extractor feeds an MLP
+    net = policy.graph_net if isinstance(policy, MaskableGraphPolicy) else net
+    if not isinstance(net, GraphPolicyNet):
+        raise PolicyError(f"the policy must be a GraphPolicyNet (load_policy(path)[0]) or a MaskablePPO model with "
+                          f"the graph policy (MaskableGraphPolicy), got {type(net).__name__}")
+    return net
 
 
 def _rollouts(net, envs, obs, alive, steps, gen) -> None:

@@ -668,3 +668,34 @@ def test_a_maskable_ppo_model_file_names_how_to_make_a_policy_of_it(tmp_path):
     workload = Workload.from_preset("gpt2-medium")
     plan = PPOPlanner(policy=str(tmp_path / "policy.pt"), samples=1).plan(cluster, workload)
     assert plan.problems(cluster, workload) == []
+
+
+def test_improve_takes_a_maskable_ppo_model_or_its_policy():
+    # a model was "'MaskablePPO' object is not callable", its policy a shape error from inside torch
+    from sb3_contrib import MaskablePPO
+
+    from spantrain.env.plan_env import Scenario, simple_start
+    from spantrain.errors import PolicyError
+    from spantrain.policies.extractor import MaskableGraphPolicy
+    from spantrain.policies.ppo import improve
+
+    model = MaskablePPO(MaskableGraphPolicy, PlanEnv(SMALL), n_steps=16, batch_size=16, seed=0, device="cpu",
+                        policy_kwargs={"features_extractor_kwargs": {"hidden": 16, "layers": 1}})
+    cluster = generate(6, seed=1, profile="datacenter")
+    workload = Workload.from_preset("gpt2-medium")
+    ev = Evaluator(cluster, workload)
+    scenario = Scenario(key=("mine",), cluster=cluster, workload=workload, evaluator=ev,
+                        start=simple_start(("mine",), ev))
+    plans = [improve(net, scenario, steps=4, samples=1, seed=0) for net in
+             (model.policy.graph_net, model.policy, model)]
+    assert plans[0].feasible and plans[0].time <= scenario.start.time
+    assert plans[1].layout == plans[0].layout == plans[2].layout
+    with pytest.raises(PolicyError, match=r"must be a GraphPolicyNet .*got str"):
+        improve("policy.pt", scenario, steps=4, samples=1, seed=0)
+    # the graph extractor under SB3's own policy: its logits are not that policy's actions
+    from spantrain.policies.extractor import GraphFeaturesExtractor
+
+    other = MaskablePPO("MultiInputPolicy", PlanEnv(SMALL), n_steps=16, batch_size=16, device="cpu",
+                        policy_kwargs={"features_extractor_class": GraphFeaturesExtractor})
+    with pytest.raises(PolicyError, match="got MaskablePPO"):
+        improve(other, scenario, steps=4, samples=1, seed=0)
