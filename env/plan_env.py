@@ -146,6 +146,10 @@ class EnvConfig:
             problems.append(f"EnvConfig.seed_range must be a non-empty [lo, hi) of integers >= 0, got {lo_hi!r}")
         if problems:
             raise SpantrainError(join_problems(problems))
+        # lists are taken as given but kept as tuples: a list made an EnvConfig unhashable, and unequal
+        # to the same config written with tuples
+        for name in ("profiles", "models", "batch_scales", "seed_range"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 class _NotACandidate(SpantrainError):

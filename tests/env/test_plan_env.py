@@ -372,3 +372,9 @@ def test_env_config_sizes_name_the_fix():
     # unbounded, the observation space alone asked for gigabytes (or terabytes) before any episode
     with pytest.raises(SpantrainError, match="max_devices must be at most 4096"):
         EnvConfig(max_devices=1_000_000)
+
+
+def test_env_config_given_lists_equals_and_hashes_as_with_tuples():
+    listed = EnvConfig(models=["gpt2-medium"], profiles=["cee"], batch_scales=[1], seed_range=[0, 10])
+    tupled = EnvConfig(models=("gpt2-medium",), profiles=("cee",), batch_scales=(1,), seed_range=(0, 10))
+    assert listed == tupled and hash(listed) == hash(tupled)  # were unequal, and hash() a TypeError
