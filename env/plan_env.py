@@ -286,10 +286,6 @@ class PlanEnv(gym.Env):
             raise SpantrainError(f"PlanEnv: unknown argument{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(map(repr, unknown))}: pass config, start, scenario_fn, render_mode "
                                  f"or EnvConfig fields ({', '.join(sorted(known))})")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            # gym.make only warned, and render() then returned None
-            raise SpantrainError(f"render_mode {render_mode!r:.40} is not supported: the environment renders its "
-                                 "plan as text, pass render_mode='ansi' (or none)")
         config = config or EnvConfig()
         self.config = dataclasses.replace(config, **fields) if fields else config
         for name, fn in (("start", start), ("scenario_fn", scenario_fn)):
@@ -588,6 +584,11 @@ class PlanEnv(gym.Env):
                 "improvement": s.start.time / c.time, "adaptation": bool(s.running), "scenario": s.key, **extra}
 
     def render(self) -> str | None:
+        if self.render_mode not in (None, "ansi"):
+            # refused here, not in __init__: SB3's make_vec_env asks every env for 'rgb_array' and
+            # falls back only on a TypeError; render() returned None
+            raise SpantrainError(f"render_mode {self.render_mode!r:.40} is not supported: the environment renders "
+                                 "its plan as text, make it with render_mode='ansi'")
         if self.render_mode != "ansi" or self.scenario is None:
             return None
         s = self.scenario

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.env_util import make_vec_env
 
 from spantrain.cluster import Cluster
 from spantrain.env.evaluator import Evaluator, Knobs
@@ -287,9 +288,13 @@ def test_renders_text_and_refuses_other_render_modes():
         warnings.simplefilter("always")
         gym_check_env(gym.make(ENV_ID, config=SMALL, render_mode="ansi").unwrapped)  # the render check too
     assert not [w for w in caught if "fps" in str(w.message)]
-    for mode in ("human", "rgb_array"):  # gym.make only warned, and render() returned None
+    for mode in ("human", "rgb_array"):  # render() returned None
+        env = PlanEnv(SMALL, render_mode=mode)  # made: SB3's make_vec_env asks every env for rgb_array
+        env.reset(seed=0)
         with pytest.raises(SpantrainError, match=f"render_mode '{mode}' is not supported.*'ansi'"):
-            gym.make(ENV_ID, config=SMALL, render_mode=mode)
+            env.render()
+    vec = make_vec_env(ENV_ID, n_envs=1, env_kwargs={"config": SMALL})
+    assert vec.reset()["nodes"].shape[0] == 1
 
 
 def test_step_and_masks_say_what_is_wrong_in_one_line():
