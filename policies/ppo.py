@@ -22,11 +22,13 @@ The shipped one lives in `spantrain/policies/assets/ppo-policy.pt`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import math
 import os
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +61,27 @@ def _weights(weights) -> dict:
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
-def save_policy(net, path: str | Path, *, env: dict[str, Any], meta: dict[str, Any] | None = None,
+def save_policy(net, path: str | Path, *, env: Any = None, meta: dict[str, Any] | None = None,
                 value=None) -> Path:
-    """Write a policy file (module docstring); `value`: the critic's value head (module or
-    state dict), kept so training can continue from the file (`TrainConfig.init_policy`)."""
+    """Write a policy file (module docstring). `net`: a GraphPolicyNet, or a MaskablePPO model
+    (or its MaskableGraphPolicy), whose value head is kept too; `env`: the settings it was
+    trained with (a dict or an EnvConfig; deployment reads max_steps and horizon); `value`:
+    the critic's value head (module or state dict), kept so training can continue from the
+    file (`TrainConfig.init_policy`)."""
     import torch
 
+    from spantrain.policies.extractor import MaskableGraphPolicy
+
+    policy = getattr(net, "policy", net)
+    if value is None and isinstance(policy, MaskableGraphPolicy):
+        value = policy.value_net
+    net = _graph_net(net)  # a model or its policy had no attribute 'config'
+    if dataclasses.is_dataclass(env) and not isinstance(env, type):
+        env = dataclasses.asdict(env)
+    elif env is None:
+        env = {}
+    elif not isinstance(env, Mapping):  # an EnvConfig was "'EnvConfig' object is not iterable"
+        raise PolicyError(f"env must be a dict of the policy's environment settings (or an EnvConfig), got {env!r:.60}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {"format": _FORMAT, "net": dict(net.config), "env": dict(env), "state_dict": _weights(net),
@@ -116,8 +133,7 @@ def load_policy(path: str | Path | None = None, *, option: str = "--policy", res
             raise PolicyError(f"{who} cannot be read ({e.strerror})") from None
         if _sb3_model(path):  # what MaskablePPO.save writes, with the graph policy inside
             raise PolicyError(f"{who} is a stable-baselines3 model file (MaskablePPO.save), not a policy file: "
-                              "write one from the model with spantrain.policies.ppo.save_policy("
-                              "model.policy.graph_net, PATH, env={}, value=model.policy.value_net)") from None
+                              "write one from the model with spantrain.policies.ppo.save_policy(model, PATH)") from None
         # torch's reasons (an unpickler's KeyError: 105 for a text file) say nothing to a user
         raise PolicyError(f"{who} is not a spantrain policy file (not a torch file of tensors): {fix}") from None
     if isinstance(blob, dict) and {"optimizer", "num_timesteps", "config"} <= blob.keys():

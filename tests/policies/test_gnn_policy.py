@@ -659,11 +659,12 @@ def test_a_maskable_ppo_model_file_names_how_to_make_a_policy_of_it(tmp_path):
     model = MaskablePPO(MaskableGraphPolicy, PlanEnv(SMALL), n_steps=16, batch_size=16, seed=0, device="cpu",
                         policy_kwargs={"features_extractor_kwargs": {"hidden": 16, "layers": 1}})
     model.save(tmp_path / "model.zip")
-    with pytest.raises(PolicyError, match=r"is a stable-baselines3 model file \(MaskablePPO.save\).*save_policy\("):
+    with pytest.raises(PolicyError, match=r"is a stable-baselines3 model file \(MaskablePPO.save\).*"
+                                          r"save_policy\(model, PATH\)"):
         load_policy(tmp_path / "model.zip")
     # what the message says to do gives a policy the planner uses
     model = MaskablePPO.load(tmp_path / "model.zip")
-    save_policy(model.policy.graph_net, tmp_path / "policy.pt", env={}, value=model.policy.value_net)
+    save_policy(model, tmp_path / "policy.pt")
     cluster = generate(6, seed=1, profile="datacenter")
     workload = Workload.from_preset("gpt2-medium")
     plan = PPOPlanner(policy=str(tmp_path / "policy.pt"), samples=1).plan(cluster, workload)
@@ -699,3 +700,24 @@ def test_improve_takes_a_maskable_ppo_model_or_its_policy():
                         policy_kwargs={"features_extractor_class": GraphFeaturesExtractor})
     with pytest.raises(PolicyError, match="got MaskablePPO"):
         improve(other, scenario, steps=4, samples=1, seed=0)
+
+
+def test_save_policy_takes_a_maskable_ppo_model_and_an_env_config(tmp_path):
+    # a model or its policy was "has no attribute 'config'", an EnvConfig "'EnvConfig' object is not iterable"
+    from sb3_contrib import MaskablePPO
+
+    from spantrain.errors import PolicyError
+    from spantrain.policies.extractor import MaskableGraphPolicy
+    from spantrain.policies.ppo import load_policy, load_value_head, save_policy
+
+    model = MaskablePPO(MaskableGraphPolicy, PlanEnv(SMALL), n_steps=16, batch_size=16, seed=0, device="cpu",
+                        policy_kwargs={"features_extractor_kwargs": {"hidden": 16, "layers": 1}})
+    for i, net in enumerate((model, model.policy)):
+        path = save_policy(net, tmp_path / f"p{i}.pt", env=SMALL)
+        loaded, env, _ = load_policy(path)
+        assert env["max_steps"] == SMALL.max_steps and loaded.config == model.policy.graph_net.config
+        want = model.policy.graph_net.state_dict()
+        assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+        assert load_value_head(path).keys() == model.policy.value_net.state_dict().keys()  # can go on training
+    with pytest.raises(PolicyError, match="env must be a dict"):
+        save_policy(model, tmp_path / "p.pt", env=12)
