@@ -378,7 +378,13 @@ class PlanEnv(gym.Env):
             raise SpantrainError(f"reset options must be a dict with at most the key 'scenario' (a Scenario to "
                                  f"start from), got {got}")
         if "scenario" in options:
-            self.load(options["scenario"])
+            scenario = options["scenario"]
+            self.load(scenario)
+            if not scenario.start.feasible:  # was an AttributeError from the observation of a plan with no estimate
+                self.scenario = None
+                why = f" ({scenario.start.note})" if scenario.start.note else ""
+                raise SpantrainError(f"scenario {scenario.key}: its start plan does not fit memory{why}: start from "
+                                     "a plan that fits (simple_start says when none does)")
             return self._obs(), self._info()
         last = ""
         for _ in range(50):

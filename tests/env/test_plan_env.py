@@ -383,3 +383,19 @@ def test_env_config_given_lists_equals_and_hashes_as_with_tuples():
     listed = EnvConfig(models=["gpt2-medium"], profiles=["cee"], batch_scales=[1], seed_range=[0, 10])
     tupled = EnvConfig(models=("gpt2-medium",), profiles=("cee",), batch_scales=(1,), seed_range=(0, 10))
     assert listed == tupled and hash(listed) == hash(tupled)  # were unequal, and hash() a TypeError
+
+
+def test_a_scenario_whose_start_does_not_fit_is_named(demo_spec):
+    # was an AttributeError ('NoneType' object has no attribute 'pipeline_period_s')
+    cluster = Cluster.from_spec(demo_spec)
+    workload = Workload.from_preset("llama2-7b")
+    ev = Evaluator(cluster, workload)
+    start = ev.balance((tuple(range(len(cluster))),), Knobs(micro_batch_size=1, schedule="1f1b", sync="hierarchical"))
+    assert not start.feasible
+    env = PlanEnv(SMALL)
+    with pytest.raises(SpantrainError, match=r"scenario \('big',\): its start plan does not fit memory.*start from a "
+                                             "plan that fits"):
+        env.reset(options={"scenario": Scenario(key=("big",), cluster=cluster, workload=workload, evaluator=ev,
+                                                start=start)})
+    with pytest.raises(SpantrainError, match="call reset"):  # no half-loaded episode to step in
+        env.step(0)
