@@ -401,11 +401,18 @@ _KINDS = {
     "cluster spec": (lambda d: "devices and network" if "devices" in d and "network" in d else None,
                      "pass it as the cluster (--cluster)"),
     "plan": (lambda d: "pipelines" if "pipelines" in d else None, "pass it as the plan (--plan, or plan --from)"),
-    "workload file": (lambda d: "architecture" if "architecture" in d else
-                      "layers and global_batch" if "layers" in d and "global_batch" in d else None,
-                      "pass it as the model (--model)"),
+    "workload file": (lambda d: _workload_keys(d), "pass it as the model (--model)"),
     "calibration profile": (lambda d: _calibration_keys(d), "pass it as the cost-model constants (--calibration)"),
 }
+
+
+def _workload_keys(spec: dict) -> str | None:
+    """The workload keys `spec` has, if any: two of layers, global_batch and seq_len are enough, so a
+    layers list that lacks its global_batch (a required key) is named as a workload file too."""
+    if "architecture" in spec:
+        return "architecture"
+    own = [key for key in ("layers", "global_batch", "seq_len") if key in spec]
+    return " and ".join(own[:2]) if len(own) >= 2 else None
 
 
 def _calibration_keys(spec: dict) -> str | None:

@@ -650,3 +650,18 @@ def test_a_file_of_another_kind_is_named_in_one_line(run_cli, args, message):
     ex = ROOT / "examples"
     code, _, err = run_cli(*[str(ex / a) if a.endswith((".yaml", ".json")) else a for a in args])
     assert code == 2 and err.strip() == message.format(ex=ex), err
+
+
+@pytest.mark.parametrize("flag", ["--cluster", "--plan"])
+def test_a_workload_missing_a_required_key_given_as_another_file_is_named(run_cli, tmp_path, flag):
+    # without its global_batch it was not known as a workload: each key an unknown key of a spec or plan
+    model = tmp_path / "mine.yaml"
+    model.write_text("seq_len: 32\nlayers:\n  - {name: a, forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, "
+                     "activation_bytes: 10}\n")
+    args = {"--cluster": ("plan", "--cluster", model, "--model", "tiny-gpt"),
+            "--plan": ("simulate", "--cluster", ROOT / "examples" / "cee-demo.yaml", "--model", "tiny-gpt",
+                       "--plan", model)}[flag]
+    kind = {"--cluster": "cluster spec", "--plan": "plan"}[flag]
+    code, _, err = run_cli(*args)
+    assert code == 2 and err.strip() == (f"spantrain {args[0]}: error: {model}: looks like a workload file (it has "
+                                         f"layers and seq_len), not a {kind}: pass it as the model (--model)"), err
