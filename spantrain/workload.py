@@ -450,7 +450,10 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     layers = list(_parse_layers(spec["layers"], source, problems))
     if problems:
         raise WorkloadError(join_problems(problems))
-    return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
+    try:
+        return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
+    except WorkloadError as e:  # layers of no work: named by the file, as its other problems are (not by name)
+        raise WorkloadError(f"{source}: {str(e).removeprefix(f'workload {shown(name)}: ')}") from None
 
 
 def _is_size(value: Any) -> bool:

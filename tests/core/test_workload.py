@@ -116,12 +116,15 @@ def test_yaml_forms(tmp_path):
      "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: tied_embeddings applies to the architecture form"),
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1.5, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "w.yaml: layers[0]: params must be a whole number of parameters, got 1.5"),
-    # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback)
+    # no compute at all: exhaustive search divided by the 0 s a stage takes (compare's traceback); named by the
+    # file, not by the workload's name
+    ("name: mine\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 0, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "w.yaml: every layer has 0 FLOPs"),
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 0, params: 1, boundary_bytes: 1, "
-     "activation_bytes: 1}]\n", "workload 'w': every layer has 0 FLOPs, so there is no work to plan"),
+     "activation_bytes: 1}]\n", "w.yaml: every layer has 0 FLOPs, so there is no work to plan"),
     # next to none: plans of 0 s and 0 samples/s called feasible
     ("global_batch: 2\nseq_len: 8\nlayers: [{name: a, count: 2, forward_flops: 1.0e-300, params: 1, "
-     "boundary_bytes: 1, activation_bytes: 1}]\n", "workload 'w': its layers have 6e-300 FLOPs in all, under one, so "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: its layers have 6e-300 FLOPs in all, under one, so "
      "there is no work to plan"),
 ])
 def test_bad_workload_files(tmp_path, text, message):
