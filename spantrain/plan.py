@@ -38,7 +38,7 @@ from spantrain._spec import (
 )
 from spantrain.cluster import MAX_DEVICES, Cluster
 from spantrain.errors import MAX_PROBLEMS_SHOWN, PlanError
-from spantrain.workload import MAX_GLOBAL_BATCH, Workload
+from spantrain.workload import MAX_GLOBAL_BATCH, PRESETS, Workload
 
 __all__ = ["SCHEDULES", "SYNC_MODES", "MAX_SYNC_PERIOD", "Stage", "Pipeline", "Sync", "Plan"]
 
@@ -241,6 +241,13 @@ class Plan:
     def made_for_other(self, workload: Workload) -> str | None:
         """The model the plan names when it is not `workload`'s, else None."""
         return self.model if self.model is not None and self.model != workload.name else None
+
+    def model_to_pass(self) -> str:
+        """How to give this plan's model as --model: a preset by name; a model from a workload file by
+        its file ('--model my-gpt' was refused as an unknown model)."""
+        if self.model in PRESETS:
+            return f"--model {self.model}"
+        return f"the workload file of {shown(self.model)} as --model"
 
     def other_models_layers(self, workload: Workload) -> str | None:
         """'was made for model gpt2-medium (26 layers), not gpt2-small (14)' when the plan names

@@ -103,7 +103,7 @@ def load_plan(path: str, cluster, workload, global_batch: int | None = None):
         plan = plan.validate(cluster, workload)
     except PlanError as e:
         if wrong := plan.other_models_layers(workload):
-            raise PlanError(f"plan {path} {wrong}: pass --model {other}, or make a plan for {workload.name} "
+            raise PlanError(f"plan {path} {wrong}: pass {plan.model_to_pass()}, or make a plan for {workload.name} "
                             "(spantrain plan -o)") from None
         if any(d not in cluster for d in plan.devices):  # "unknown device 'cloud-0'" said nothing of what to do
             raise PlanError(f"plan {path}: {e} (made for another cluster, or devices left this one: make a plan "

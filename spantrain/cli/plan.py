@@ -198,7 +198,7 @@ def _adapt(args: argparse.Namespace, cluster, workload, planner, calibration):
         raise PlanError(f"--remaining-steps must be a positive integer, got {steps}")
     running = Plan.from_file(args.running)
     if wrong := running.other_models_layers(workload):
-        raise PlanError(f"running plan {args.running} {wrong}: pass --model {running.model} (the model the run "
+        raise PlanError(f"running plan {args.running} {wrong}: pass {running.model_to_pass()} (the model the run "
                         "trains)")
     if args.global_batch is None and not running.problems(None, workload) and running.batch != workload.global_batch:
         # the run trains the plan's batch, not the model's default: re-planning keeps it (an explicit

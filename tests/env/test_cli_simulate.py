@@ -125,6 +125,20 @@ def test_a_plan_made_for_another_model_says_which(files, run_cli):
     assert code == 0 and "made for" not in err
 
 
+def test_a_plan_made_for_a_model_from_a_file_says_to_pass_that_file(files, run_cli):
+    # "pass --model my-gpt" named no preset, and --model my-gpt was refused as an unknown model
+    cluster, _, tmp = files
+    named = tmp / "mine.json"
+    named.write_text(json.dumps({**PLAN, "model": "my-gpt"}))
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", "gpt2-small", "-p", named)
+    assert code == 2 and err.strip() == (f"spantrain simulate: error: plan {named} was made for model my-gpt (26 "
+                                         "layers), not gpt2-small (14): pass the workload file of 'my-gpt' as "
+                                         "--model, or make a plan for gpt2-small (spantrain plan -o)")
+    code, _, err = run_cli("plan", "-c", cluster, "-m", "gpt2-small", "--from", named)
+    assert code == 2 and err.strip().endswith("not gpt2-small (14): pass the workload file of 'my-gpt' as --model "
+                                              "(the model the run trains)"), err
+
+
 def test_global_batch_other_than_the_plans_is_refused_as_run_refuses_it(files, run_cli):
     cluster, plan, _ = files
     trains = Plan.from_file(plan).batch
