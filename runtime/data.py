@@ -28,6 +28,7 @@ import torch
 from spantrain.errors import ExecutionError
 from spantrain.plan import Plan
 from spantrain.runtime.models import IGNORE_INDEX
+from spantrain.runtime.preflight import SYNTHETIC_CORPUS_BYTES
 
 __all__ = ["synthetic_corpus", "load_tokens", "SampleStream", "batch_slices"]
 
@@ -37,7 +38,7 @@ _NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eigh
             "twelve")
 
 
-def synthetic_corpus(num_bytes: int = 1 << 18, seed: int = 1234) -> np.ndarray:
+def synthetic_corpus(num_bytes: int = SYNTHETIC_CORPUS_BYTES, seed: int = 1234) -> np.ndarray:
     """A deterministic text with structure a small model learns quickly.
 
     Three kinds of lines, mixed at random: sentences from a tiny grammar (article,

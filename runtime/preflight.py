@@ -18,7 +18,10 @@ from spantrain.plan import Plan
 from spantrain.workload import Architecture, Workload
 
 __all__ = ["require_arch", "check_run", "check_memory", "resume_state", "cpu_cores", "threads_per_rank",
-           "available_memory_bytes", "visible_gpus"]
+           "available_memory_bytes", "visible_gpus", "SYNTHETIC_CORPUS_BYTES"]
+
+SYNTHETIC_CORPUS_BYTES = 1 << 18
+"""Size of the built-in corpus a run trains on without --data (`spantrain.runtime.data.synthetic_corpus`)."""
 
 _GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 """What an NVIDIA or AMD (ROCm) driver puts on a Linux host; without any of them CUDA sees no GPU."""
@@ -103,6 +106,10 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
         raise WorkloadError(f"model {workload.name!r}: byte-level data needs a vocabulary of at least 256, "
                             f"it has {arch.vocab_size}: set the architecture's vocab_size to 256 or more to run it "
                             "(the runtime trains on bytes; planning takes any size)")
+    if data is None and workload.seq_len + 1 > SYNTHETIC_CORPUS_BYTES:  # a worker found it, after start-up
+        raise ExecutionError(f"model {workload.name!r}: one sample of seq_len {workload.seq_len} needs "
+                             f"{workload.seq_len + 1} bytes and the built-in corpus has {SYNTHETIC_CORPUS_BYTES}: "
+                             "pass a longer text file with --data, or lower seq_len")
     if data is not None:
         p = Path(data)
         if p.is_dir():
@@ -112,7 +119,8 @@ def check_run(cluster: Cluster, workload: Workload, plan: Plan, *, data: str | N
         if not p.is_file():
             raise ExecutionError(f"--data {p}: file not found")
         if p.stat().st_size < workload.seq_len + 1:
-            raise ExecutionError(f"--data {p}: {p.stat().st_size} bytes; one sample needs {workload.seq_len + 1}")
+            raise ExecutionError(f"--data {p}: {p.stat().st_size} bytes; one sample needs {workload.seq_len + 1}: "
+                                 "pass a longer text file, or lower the model's seq_len")
 
 
 def resume_state(checkpoint_dir: str | None, workload: Workload, steps: int) -> dict[str, Any]:

@@ -787,3 +787,19 @@ def test_run_plans_and_adapts_with_a_user_trained_policy(tmp_path, monkeypatch):
         code, out, err = spantrain_here(*base, *extra, "--policy", policy, "--run-dir", str(tmp_path / "bad"))
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
         assert not (tmp_path / "bad").exists()
+
+
+def test_a_sequence_longer_than_the_data_is_refused_before_any_worker_starts(tmp_path):
+    # a worker found it after start-up ("the data has 262144 bytes; one sample needs 300001", no fix)
+    cluster, model = write_inputs(tmp_path)
+    spec = json.loads(model.read_text())
+    spec["seq_len"] = spec["architecture"]["max_seq_len"] = 300_000
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps(spec))
+    (tmp_path / "p.json").write_text(json.dumps(plan("1f1b", "allreduce", [(5, 2, [("a-0", 0, 6)])])))
+    code, _, err = spantrain_here("run", "-c", str(cluster), "-m", str(long), "--plan", str(tmp_path / "p.json"),
+                                  "--steps", "1", "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and err.strip() == ("spantrain run: error: model 'rt-small': one sample of seq_len 300000 needs "
+                                         "300001 bytes and the built-in corpus has 262144: pass a longer text file "
+                                         "with --data, or lower seq_len"), err
+    assert not (tmp_path / "run" / "logs").exists()  # no worker started
