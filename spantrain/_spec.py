@@ -199,7 +199,12 @@ def parse_json(text: Any, source: str, error: type[Exception]) -> Any:
 def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
     """JSON by suffix, YAML otherwise; a syntax error or a key given twice is `error` in one line."""
     if p.suffix.lower() == ".json":
-        return parse_json(text, str(p), error)
+        try:
+            return parse_json(text, str(p), error)
+        except error as e:  # "Expecting value" at line 1 named no fix for a YAML file saved as .json
+            if not text.lstrip().startswith(("{", "[")) and isinstance(_yaml_or_none(text), dict):
+                raise error(f"{e} (it is YAML, not JSON: name it .yaml, or write it as JSON)") from None
+            raise
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
@@ -207,6 +212,14 @@ def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise error(f"{p}: YAML syntax error{where}: {problem}") from None
+
+
+def _yaml_or_none(text: str) -> Any:
+    """`text` read as YAML, or None where it is not."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: a key twice, an int of 4,300+ digits
+        return None
 
 
 def write_text_atomic(path: str | Path, text: str, signals: tuple[int, ...] = (signal.SIGINT,)) -> None:

@@ -274,3 +274,18 @@ def test_from_arch_names_a_wrong_argument(changes, named):
     args = {"arch": arch, "name": "x", "global_batch": 8, "seq_len": 32} | changes
     with pytest.raises(WorkloadError, match=named):
         Workload.from_arch(args.pop("arch"), **args)
+
+
+def test_a_yaml_workload_saved_as_json_says_to_name_it_yaml(tmp_path):
+    # "JSON syntax error at line 1 column 1: Expecting value" named no fix
+    p = tmp_path / "mine.json"
+    p.write_text("global_batch: 8\nseq_len: 32\nlayers:\n  - {name: a, forward_flops: 1.0e+9, params: 1, "
+                 "boundary_bytes: 1, activation_bytes: 1}\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value) == (f"{p}: JSON syntax error at line 1 column 1: Expecting value (it is YAML, not JSON: "
+                              "name it .yaml, or write it as JSON)")
+    p.write_text('{"global_batch": 8,}')  # a JSON typo that YAML would read: no such hint
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert "YAML" not in str(err.value)
