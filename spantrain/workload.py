@@ -409,6 +409,9 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     name = spec.get("name", Path(source).stem)
     if not isinstance(name, str) or not name.strip():
         problems.append(f"{source}: name must be a non-empty string, {got(name)}")
+    elif not name.replace(" ", "").isprintable():  # shown in headers and tables: a newline or escape broke them
+        problems.append(f"{source}: name must be one line of printable text (no newline, tab or control "
+                        f"character), got {shown(name)}")
     tied = spec.get("tied_embeddings", False)
     if not isinstance(tied, bool):
         problems.append(f"{source}: tied_embeddings must be true or false, {got(tied)}")

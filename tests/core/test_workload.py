@@ -101,6 +101,10 @@ def test_yaml_forms(tmp_path):
     # wrong types at the top: tracebacks (name, precision) or misread as true (the flags)
     ("name: [1, 2]\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "w.yaml: name must be a non-empty string, got [1, 2]"),
+    # shown in the plan's header, tables and the timeline's title: a newline or terminal escape broke them
+    ("name: \"a\\nb\\e[31m\"\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
+     "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: name must be one line of printable text (no newline, "
+     "tab or control character), got 'a\\nb\\x1b[31m'"),
     ("precision: [1]\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
      "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: precision must be one of fp32, fp16, bf16, got [1]"),
     ("tied_embeddings: maybe\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
