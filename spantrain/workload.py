@@ -445,8 +445,8 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         if problems:
             raise WorkloadError(join_problems(problems))
         arch = Architecture(**raw)
-        return Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
-                                  tied_embeddings=tied)
+        return _not_a_preset(Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
+                                                tied_embeddings=tied), source)
     if "tied_embeddings" in spec:  # it was accepted and ignored
         problems.append(f"{source}: tied_embeddings applies to the architecture form (the head's weights counted "
                         "once); with a layers list, give each layer's own params and leave it out")
@@ -454,9 +454,21 @@ def _parse_workload(spec: Any, source: str) -> Workload:
     if problems:
         raise WorkloadError(join_problems(problems))
     try:
-        return Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
+        workload = Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
     except WorkloadError as e:  # layers of no work: named by the file, as its other problems are (not by name)
         raise WorkloadError(f"{source}: {str(e).removeprefix(f'workload {shown(name)}: ')}") from None
+    return _not_a_preset(workload, source)
+
+
+def _not_a_preset(workload: Workload, source: str) -> Workload:
+    """`workload`, refused when it takes a preset's name with other layers: plans, checkpoints and
+    a cluster's measured layer_times are matched by the model's name, so the preset's were used for
+    it without a word (its own batch is fine: a plan of another batch is refused by that)."""
+    if workload.name in PRESETS and workload.layers != Workload.from_preset(workload.name).layers:
+        raise WorkloadError(f"{source}: name {workload.name!r} is a preset's, and this model's layers are not "
+                            f"{workload.name}'s: give it its own name (plans and measured layer_times are matched "
+                            "by name)")
+    return workload
 
 
 def _is_size(value: Any) -> bool:

@@ -293,3 +293,18 @@ def test_a_yaml_workload_saved_as_json_says_to_name_it_yaml(tmp_path):
     with pytest.raises(WorkloadError) as err:
         load_workload(str(p))
     assert "YAML" not in str(err.value)
+
+
+def test_a_workload_file_may_take_a_presets_name_only_with_its_layers(tmp_path):
+    # a plan made for the preset ran on it with no note, and a cluster's layer_times measured for the
+    # preset were used for its other layers
+    p = tmp_path / "mine.yaml"
+    arch = ("{family: gpt2, vocab_size: 256, d_model: 128, n_layers: 6, n_heads: 4, d_ff: 512, "
+            "max_seq_len: 128}")
+    p.write_text(f"name: gpt2-small\nglobal_batch: 8\nseq_len: 64\narchitecture: {arch}\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value) == (f"{p}: name 'gpt2-small' is a preset's, and this model's layers are not gpt2-small's: "
+                              "give it its own name (plans and measured layer_times are matched by name)")
+    p.write_text(f"name: tiny-gpt\nglobal_batch: 7\nseq_len: 64\nprecision: fp32\narchitecture: {arch}\n")
+    assert load_workload(str(p)).layers == load_workload("tiny-gpt").layers  # the preset at another batch
