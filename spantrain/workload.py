@@ -284,8 +284,12 @@ def load_workload(model: str | os.PathLike, *, global_batch: int | None = None) 
         raise WorkloadError(f"the model name is empty: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
     path = Path(model)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
-        w = Workload.from_file(path)
-        return w if global_batch is None else w.with_global_batch(global_batch)
+        if global_batch is None:
+            return Workload.from_file(path)
+        spec = read_structured(path, WorkloadError)
+        if isinstance(spec, dict) and "global_batch" not in spec:  # --global-batch gives it: not a missing key
+            spec = {**spec, "global_batch": global_batch}
+        return _parse_workload(spec, str(path)).with_global_batch(global_batch)
     raise WorkloadError(f"unknown model {shown(model)}: use a preset ({', '.join(PRESETS)}) or a workload YAML file")
 
 
@@ -403,7 +407,9 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         raise WorkloadError(f"{source}: {wrong}")
     problems: list[str] = []
     check_keys(spec, {"name", "global_batch", "seq_len", "precision", "architecture", "layers", "tied_embeddings"},
-               {"global_batch", "seq_len"}, source, problems)
+               {"seq_len"}, source, problems)
+    if "global_batch" not in spec:
+        problems.append(f"{source}: missing required key 'global_batch' (give it, or pass --global-batch)")
     # wrong types here failed later as tracebacks (a list as name is no key for measured
     # layer_times, as precision no key of PRECISIONS) or were misread ("no" as true)
     name = spec.get("name", Path(source).stem)

@@ -308,3 +308,14 @@ def test_a_workload_file_may_take_a_presets_name_only_with_its_layers(tmp_path):
                               "give it its own name (plans and measured layer_times are matched by name)")
     p.write_text(f"name: tiny-gpt\nglobal_batch: 7\nseq_len: 64\nprecision: fp32\narchitecture: {arch}\n")
     assert load_workload(str(p)).layers == load_workload("tiny-gpt").layers  # the preset at another batch
+
+
+def test_global_batch_may_come_from_the_override_alone(tmp_path):
+    # --global-batch overrides the file's: a file without one was refused as missing a required key
+    p = tmp_path / "mine.yaml"
+    p.write_text("seq_len: 32\nlayers:\n  - {name: a, forward_flops: 1.0e+9, params: 1, boundary_bytes: 1, "
+                 "activation_bytes: 1}\n")
+    assert load_workload(str(p), global_batch=16).global_batch == 16
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value) == f"{p}: missing required key 'global_batch' (give it, or pass --global-batch)"
