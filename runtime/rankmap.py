@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spantrain._spec import plural, read_structured, shown
+from spantrain._spec import other_kind, plural, read_structured, shown
 from spantrain.cluster import Cluster
 from spantrain.errors import ExecutionError, join_problems
 from spantrain.plan import Plan
@@ -97,6 +97,8 @@ def ranks_from_file(path: str | Path, plan: Plan) -> dict[str, int]:
         raw = {d: i for i, d in enumerate(raw)}
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                             for k, v in raw.items()):
+        if wrong := other_kind(raw, "rank map"):  # a model, spec or plan given here: said so, not just "expected"
+            raise ExecutionError(f"{path}: {wrong}")
         raise ExecutionError(f"{path}: expected {{device: rank}} or a list of device ids in rank order")
     used = plan.devices
     mapping = {d: raw[d] for d in used if d in raw}

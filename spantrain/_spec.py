@@ -442,7 +442,7 @@ def _calibration_keys(spec: dict) -> str | None:
 def other_kind(spec: Any, kind: str) -> str | None:
     """The problem, unprefixed, when `spec`, read as a `kind` of file, has the keys of another kind:
     one line saying which, not a complaint per key (a cluster spec given as --model listed each key)."""
-    if not isinstance(spec, dict) or _KINDS[kind][0](spec):  # its own keys: its own problems say what is wrong
+    if not isinstance(spec, dict) or (kind in _KINDS and _KINDS[kind][0](spec)):  # its own keys: its own problems
         return None
     for other, (keys_of, fix) in _KINDS.items():
         if other != kind and (keys := keys_of(spec)):

@@ -49,6 +49,9 @@ def test_mapping_file_as_dict_or_list(tmp_path):
      r"no rank for plan device\(s\) b-1 \(it also ranks b-9, which the plan does not use\)"),
     ({"a-0": 0, "b-0": 0, "a-1": 2, "b-1": 3}, "ranks 0..3 once each"),
     ({"a-0": "zero"}, "expected"),
+    # a model file given as the rank map: "expected {device: rank}" said nothing of what it got
+    ({"global_batch": 2, "seq_len": 8, "architecture": {"family": "gpt2"}},
+     r"m\.json: looks like a workload file \(it has architecture\), not a rank map: pass it as the model \(--model\)$"),
 ])
 def test_bad_mapping_files(tmp_path, content, message):
     (tmp_path / "m.json").write_text(json.dumps(content))
