@@ -211,6 +211,9 @@ def _parse_text(p: Path, text: str, error: type[Exception]) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem == "but found another document" and mark:  # PyYAML's words named neither cause nor fix
+            raise error(f"{p}: holds more than one YAML document (a second begins with the '---' at line "
+                        f"{mark.line + 1}): keep one per file") from None
         raise error(f"{p}: YAML syntax error{where}: {problem}") from None
 
 

@@ -319,3 +319,13 @@ def test_global_batch_may_come_from_the_override_alone(tmp_path):
     with pytest.raises(WorkloadError) as err:
         load_workload(str(p))
     assert str(err.value) == f"{p}: missing required key 'global_batch' (give it, or pass --global-batch)"
+
+
+def test_a_file_of_two_yaml_documents_says_so(tmp_path):
+    # "YAML syntax error at line 4 column 1: but found another document"
+    p = tmp_path / "two.yaml"
+    p.write_text("global_batch: 8\nseq_len: 32\nlayers: []\n---\nname: x\n")
+    with pytest.raises(WorkloadError) as err:
+        load_workload(str(p))
+    assert str(err.value) == (f"{p}: holds more than one YAML document (a second begins with the '---' at line 4): "
+                              "keep one per file")
