@@ -902,6 +902,10 @@ def _note(msg: str) -> None:
         print(f"spantrain run: note: {msg}", file=sys.stderr)
 
 
+_RISEN = 1.25
+"""A last loss this many times the first is noted as a rise (the learning rate likely too high)."""
+
+
 def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> None:
     import math
 
@@ -915,6 +919,11 @@ def _report(result: dict[str, Any], as_json: bool, lr: float | None = None) -> N
     if stretch and not (result.get("precision") == "fp16" and stretch < 2):
         _note(f"the loss became {losses[bad]} at iteration {result['start_step'] + bad + 1} and stayed so: training "
               "diverged" + (f"; lower --lr (this run: {lr:g})" if lr is not None else ""))
+    elif not stretch and len(losses) > 1 and losses[-1] > _RISEN * losses[0] > 0:
+        # finite, but ended far above where it started (a wide model at the default --lr): the closing
+        # line's "loss 5.39 -> 9.25" said it without a word on the cause
+        _note(f"the loss rose from {losses[0]:.4g} to {losses[-1]:.4g} over the run: the learning rate may be too high "
+              "for this model" + (f"; lower --lr (this run: {lr:g})" if lr is not None else ""))
     if as_json:
         print_json(result)
         if result.get("wandb"):  # as train-policy --json and the experiment scripts: stdout holds the JSON alone

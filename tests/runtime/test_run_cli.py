@@ -557,6 +557,10 @@ def test_resuming_with_other_adamw_settings_says_so():
     ([5.0, 4.0], None, False),
     # the last one alone: diverged in fp32; in fp16 an overflowing forward, skipped, the scale halved
     ([5.0, 4.0, float("inf")], "the loss became inf at iteration 13", False),
+    # finite but far above the start (a d_model of 1024 at the default --lr: 5.39, 5.39, 9.25), said by no note
+    ([5.39, 5.39, 9.25], "the loss rose from 5.39 to 9.25 over the run: the learning rate may be too high for this "
+                         "model; lower --lr (this run: 10)", True),
+    ([5.0, 6.0], None, False),  # noise of a short run
 ])
 def test_a_diverged_run_says_so(capsys, losses, note, in_fp16):
     from spantrain.cli.run import _report
