@@ -472,8 +472,18 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def got(value: Any) -> str:
-    """How a message shows a bad value: "got 'x'", saying so when a string holds a number."""
+def got(value: Any, whole: bool = False) -> str:
+    """How a message shows a bad value: "got 'x'", saying so when a string holds a number. `whole`:
+    for a whole-number field, a whole number written as text or with a fraction (YAML's 1e3 and
+    1.0e+3, JSON's 64.0) is shown with the integer to write (the float form was hinted, then refused)."""
+    quoted_int = isinstance(value, str) and value.strip().lstrip("+-").isdigit()  # '8': "without quotes" says it
+    if whole and not quoted_int and isinstance(value, str | float) and len(str(value)) <= 80:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number) and number.is_integer() and 0 < number <= 2**53:
+            return f"got {'the string ' if isinstance(value, str) else ''}{shown(value)} (write {int(number)})"
     if not isinstance(value, str):
         return f"got {shown(value)}"
     try:
@@ -535,7 +545,7 @@ def positive_int(obj: dict, key: str, where: str, problems: list[str]) -> int | 
         return None
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        problems.append(f"{where}: {key} must be a positive integer, {got(value)}")
+        problems.append(f"{where}: {key} must be a positive integer, {got(value, whole=True)}")
         return None
     return int(value)
 

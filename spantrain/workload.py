@@ -355,7 +355,7 @@ def _arch_problems(values: dict[str, Any]) -> list[str]:
         v = values[f]
         limit = MAX_LAYERS - 2 if f == "n_layers" else MAX_SIZE  # n_layers: plus the embedding and the head
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            problems.append(f"architecture.{f} must be a positive integer, {got(v)}")
+            problems.append(f"architecture.{f} must be a positive integer, {got(v, whole=True)}")
         elif v > limit:
             problems.append(f"architecture.{f} must be at most {limit}, got {shown(v)}")
         else:

@@ -101,6 +101,12 @@ def test_yaml_forms(tmp_path):
     # wrong types at the top: tracebacks (name, precision) or misread as true (the flags)
     ("name: [1, 2]\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, boundary_bytes: 1, "
      "activation_bytes: 1}]\n", "w.yaml: name must be a non-empty string, got [1, 2]"),
+    # a whole number in exponent form: YAML's 1e3 was hinted as 1.0e+3, which was refused as a float
+    ("global_batch: 1e3\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, boundary_bytes: 1, "
+     "activation_bytes: 1}]\n", "w.yaml: global_batch must be a positive integer, got the string '1e3' (write 1000)"),
+    ("global_batch: 2\nseq_len: 8\narchitecture: {family: gpt2, vocab_size: 5.0e+4, d_model: 4, n_layers: 1, "
+     "n_heads: 2, d_ff: 4, max_seq_len: 8}\n",
+     "w.yaml: architecture.vocab_size must be a positive integer, got 50000.0 (write 50000)"),
     # shown in the plan's header, tables and the timeline's title: a newline or terminal escape broke them
     ("name: \"a\\nb\\e[31m\"\nglobal_batch: 2\nseq_len: 8\nlayers: [{name: a, forward_flops: 1, params: 1, "
      "boundary_bytes: 1, activation_bytes: 1}]\n", "w.yaml: name must be one line of printable text (no newline, "
