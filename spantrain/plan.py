@@ -164,7 +164,7 @@ class Plan:
         if self.sync.mode not in SYNC_MODES:
             out.append(f"sync mode {shown(self.sync.mode)} is unknown (choose from {', '.join(SYNC_MODES)})")
         if not _pos_int(self.sync.period):
-            out.append(f"sync period must be a positive integer, {got(self.sync.period)}")
+            out.append(f"sync period must be a positive integer, {got(self.sync.period, whole=True)}")
         elif too_long := _period_too_long(self.sync.period):
             out.append(too_long)
         elif self.sync.period != 1 and self.sync.mode != "local-sgd":
@@ -193,9 +193,11 @@ class Plan:
         for i, p in enumerate(self.pipelines):
             where = f"pipeline {i}"
             if not _pos_int(p.micro_batch_size):
-                out.append(f"{where}: micro_batch_size must be a positive integer, {got(p.micro_batch_size)}")
+                out.append(f"{where}: micro_batch_size must be a positive integer, "
+                           f"{got(p.micro_batch_size, whole=True)}")
             if not _pos_int(p.num_micro_batches):
-                out.append(f"{where}: num_micro_batches must be a positive integer, {got(p.num_micro_batches)}")
+                out.append(f"{where}: num_micro_batches must be a positive integer, "
+                           f"{got(p.num_micro_batches, whole=True)}")
             if not p.stages:
                 out.append(f"{where}: has no stages")
                 continue

@@ -151,6 +151,9 @@ def test_plan_file_problems_are_one_line(tmp_path):
     plan = Plan.from_json('{"pipelines": [{"micro_batch_size": "2", "num_micro_batches": 1, "stages": []}]}')
     assert ("pipeline 0: micro_batch_size must be a positive integer, got the string '2' (write the number "
             "without quotes)") in plan.problems()
+    # a whole number as a float (a script's 2.0): said as such, with the integer to write
+    plan = Plan.from_json('{"pipelines": [{"micro_batch_size": 2.0, "num_micro_batches": 1, "stages": []}]}')
+    assert "pipeline 0: micro_batch_size must be a positive integer, got 2.0 (write 2)" in plan.problems()
 
 
 def test_a_batch_beyond_the_limit_is_named_before_the_cost_model_allocates_for_it():
