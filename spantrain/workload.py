@@ -452,7 +452,7 @@ def _parse_workload(spec: Any, source: str) -> Workload:
             raise WorkloadError(join_problems(problems))
         arch = Architecture(**raw)
         return _not_a_preset(Workload.from_arch(arch, name=name, global_batch=gb, seq_len=s, precision=precision,
-                                                tied_embeddings=tied), source)
+                                                tied_embeddings=tied), source, "name" in spec)
     if "tied_embeddings" in spec:  # it was accepted and ignored
         problems.append(f"{source}: tied_embeddings applies to the architecture form (the head's weights counted "
                         "once); with a layers list, give each layer's own params and leave it out")
@@ -463,15 +463,16 @@ def _parse_workload(spec: Any, source: str) -> Workload:
         workload = Workload(name=name, layers=tuple(layers), global_batch=gb, seq_len=s, precision=precision)
     except WorkloadError as e:  # layers of no work: named by the file, as its other problems are (not by name)
         raise WorkloadError(f"{source}: {str(e).removeprefix(f'workload {shown(name)}: ')}") from None
-    return _not_a_preset(workload, source)
+    return _not_a_preset(workload, source, "name" in spec)
 
 
-def _not_a_preset(workload: Workload, source: str) -> Workload:
+def _not_a_preset(workload: Workload, source: str, named: bool) -> Workload:
     """`workload`, refused when it takes a preset's name with other layers: plans, checkpoints and
     a cluster's measured layer_times are matched by the model's name, so the preset's were used for
     it without a word (its own batch is fine: a plan of another batch is refused by that)."""
     if workload.name in PRESETS and workload.layers != Workload.from_preset(workload.name).layers:
-        raise WorkloadError(f"{source}: name {workload.name!r} is a preset's, and this model's layers are not "
+        whose = "name" if named else "name (the file's, as it gives no name:)"
+        raise WorkloadError(f"{source}: {whose} {workload.name!r} is a preset's, and this model's layers are not "
                             f"{workload.name}'s: give it its own name (plans and measured layer_times are matched "
                             "by name)")
     return workload

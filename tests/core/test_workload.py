@@ -314,6 +314,11 @@ def test_a_workload_file_may_take_a_presets_name_only_with_its_layers(tmp_path):
                               "give it its own name (plans and measured layer_times are matched by name)")
     p.write_text(f"name: tiny-gpt\nglobal_batch: 7\nseq_len: 64\nprecision: fp32\narchitecture: {arch}\n")
     assert load_workload(str(p)).layers == load_workload("tiny-gpt").layers  # the preset at another batch
+    copy = tmp_path / "gpt2-small.yaml"  # a preset's copy, changed, and its name taken from the file's
+    copy.write_text(f"global_batch: 8\nseq_len: 64\narchitecture: {arch}\n")
+    with pytest.raises(WorkloadError, match=r"gpt2-small\.yaml: name \(the file's, as it gives no name:\) "
+                                            r"'gpt2-small' is a preset's"):
+        load_workload(str(copy))
 
 
 def test_global_batch_may_come_from_the_override_alone(tmp_path):
