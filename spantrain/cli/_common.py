@@ -244,8 +244,17 @@ def stdout_console() -> Console:
     """A rich Console for a command's tables on stdout. Piped or redirected, rows stay whole at
     120 columns: rich would lay them out for 80 and cut figures short ("41947.…", "A100-8…").
     When the reader leaves (``| head``), the command ends as `spantrain.cli.main` ends any
-    command on a closed pipe, exit code 0, where rich's own handler exits 1."""
-    return _stdout_console_type()(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+    command on a closed pipe, exit code 0, where rich's own handler exits 1. Without markup: names
+    come from users' files, and a model or device named 'gpt[/]x' was a MarkupError's traceback
+    ('[red]gpt' lost its brackets); styles are given as `styled` text."""
+    return _stdout_console_type()(file=sys.stdout, width=None if sys.stdout.isatty() else 120, markup=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Any:
+    """Rich text of plain strings and (text, style) pairs: styles without markup in the text."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def _default(o: Any) -> Any:

@@ -26,6 +26,7 @@ from spantrain.cli._common import (
     note_cpu_devices,
     print_json,
     stdout_console,
+    styled,
 )
 from spantrain.cli.plan import add_planner_option_args, check_policy, planner_options, unused_options
 
@@ -121,15 +122,15 @@ def _print_human(cluster, workload, rows, calibration: str | None = None) -> Non
     for name, r in rows.items():
         sps = f"{r['samples_per_s']:.4g}" if r["feasible"] else "-"
         if r["feasible"] and r["samples_per_s"] == best:
-            sps = f"[bold green]{sps}[/]"
+            sps = styled((sps, "bold green"))
         it = f"{r['iteration_s']:.4g}" if r["iteration_s"] is not None and r["feasible"] else "-"
         # .3g past 1,000x: a 56-digit ratio of extreme specs ran out of the table with its "x" cut off
         sp = "-" if r["speedup_vs_ddp"] is None else f"{r['speedup_vs_ddp']:.2f}x" if r["speedup_vs_ddp"] < 1e3 \
             else f"{r['speedup_vs_ddp']:.3g}x"
-        t.add_row(name, sps, it, sp, "yes" if r["feasible"] else "[red]no[/]", f"{r['plan_s']:.2f}")
+        t.add_row(name, sps, it, sp, "yes" if r["feasible"] else styled(("no", "red")), f"{r['plan_s']:.2f}")
     con.print(t)
     for name, r in rows.items():
         if not r["feasible"]:
             parts = r.get("reason", "").split("; ")
             more = f"; ... ({len(parts) - 3} more)" if len(parts) > 3 else ""
-            con.print(f"[red]{name}[/]: " + "; ".join(parts[:3]) + more)
+            con.print(styled((name, "red"), ": " + "; ".join(parts[:3]) + more))

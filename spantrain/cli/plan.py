@@ -35,6 +35,7 @@ from spantrain.cli._common import (
     note_cpu_devices,
     print_json,
     stdout_console,
+    styled,
 )
 from spantrain.cli._dataclass_args import flag
 from spantrain.estimate import fmt_gb
@@ -232,7 +233,7 @@ def _print_adaptation(a, output: str | None) -> None:
         t.add_column(col, justify="left" if col in ("option", "") else "right")
     for o in a.options:
         t.add_row(o.name, f"{o.iteration_s:.4g}", f"{o.migration_s:.4g}", f"{o.total_s:.5g}",
-                  "[bold]chosen[/]" if o.name == a.chosen else "")
+                  styled(("chosen", "bold")) if o.name == a.chosen else "")
     con.print(t)
     if a.missing:
         con.print("decision   plan afresh (devices left the cluster)")
@@ -255,9 +256,9 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
     from rich.table import Table
 
     con = stdout_console()
-    con.print(f"[bold]{planner}[/] plan for {workload.name} on {cluster.name} ({plural(len(cluster), 'device')}, "
-              f"{len(plan.devices)} used), found in {plan_s:.2f} s"
-              + (f" (+ {load_s:.1f} s one-time loading)" if load_s >= 0.05 else ""))
+    con.print(styled((planner, "bold"), f" plan for {workload.name} on {cluster.name} "
+                     f"({plural(len(cluster), 'device')}, {len(plan.devices)} used), found in {plan_s:.2f} s"
+                     + (f" (+ {load_s:.1f} s one-time loading)" if load_s >= 0.05 else "")))
     t = Table(title_justify="left", title=f"{len(plan.pipelines)} pipeline(s), {len(plan.devices)} stage(s)")
     for col in ("pipeline", "micro-batch", "s/iter", "stage", "device", "region", "TFLOP/s", "layers",
                 "memory GB"):
@@ -275,7 +276,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
                       f"{times[p]:.4g}" if first else "",
                       str(s), st.device, d.region, readable(d.tflops),
                       f"[{st.layers[0]}, {st.layers[1]}) ({st.num_layers})",
-                      f"[bold red]{mem}[/]" if need > d.memory_gb else mem,
+                      styled((mem, "bold red")) if need > d.memory_gb else mem,
                       end_section=s == len(pipe.stages) - 1 and len(pipe.stages) > 1)
     con.print(t)
     idle = [d for d in cluster.ids if d not in set(plan.devices)]
@@ -291,7 +292,7 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
     if est.feasible:
         con.print(f"throughput {est.samples_per_s:.4g} samples/s")
     else:
-        con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+        con.print(styled(("infeasible", "bold red"), ": " + "; ".join(est.reasons)))
     if calibration is not None:
         con.print(f"constants  {calibration} (the figures above and the planner's choice)")
     if output:

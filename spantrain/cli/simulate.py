@@ -17,6 +17,7 @@ from spantrain.cli._common import (
     note_cpu_devices,
     print_json,
     stdout_console,
+    styled,
 )
 from spantrain.cli._figure import FIGURE_FORMATS, check_figure_path
 from spantrain.estimate import fmt_gb
@@ -116,7 +117,7 @@ def _print_human(est, plan, workload, pipes, timeline, calibration: str | None =
             mem = f"{fmt_gb(row['memory_gb'])} / {fmt_gb(row['capacity_gb'])}"
             t.add_row(str(s), row["device"], f"[{row['layers'][0]}, {row['layers'][1]})", readable(row["f_ms"]),
                       readable(row["b_ms"]), readable(row["w_ms"]), str(row["in_flight"]),
-                      f"[bold red]{mem}[/]" if over else mem)
+                      styled((mem, "bold red")) if over else mem)
         con.print(t)
     con.print(f"schedule {plan.schedule}, sync {plan.sync.mode}"
               + (f" every {plan.sync.period}" if plan.sync.mode == "local-sgd" else ""))
@@ -128,7 +129,7 @@ def _print_human(est, plan, workload, pipes, timeline, calibration: str | None =
     if est.feasible:
         con.print(f"throughput {est.samples_per_s:.4g} samples/s")
     else:
-        con.print("[bold red]infeasible[/]: " + "; ".join(est.reasons))
+        con.print(styled(("infeasible", "bold red"), ": " + "; ".join(est.reasons)))
     con.print(f"constants  {calibration or 'built-in (GPU executors that overlap sync with the backward pass)'}")
     if timeline:
         con.print(f"timeline   {timeline}")

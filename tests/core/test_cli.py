@@ -665,3 +665,24 @@ def test_a_workload_missing_a_required_key_given_as_another_file_is_named(run_cl
     code, _, err = run_cli(*args)
     assert code == 2 and err.strip() == (f"spantrain {args[0]}: error: {model}: looks like a workload file (it has "
                                          f"layers and seq_len), not a {kind}: pass it as the model (--model)"), err
+
+
+def test_names_with_square_brackets_are_shown_as_written(run_cli, tmp_path):
+    # a model, cluster or device named 'x[/]y' was read as rich markup: a MarkupError's traceback,
+    # and '[red]gpt' lost its brackets
+    model = tmp_path / "m.yaml"
+    model.write_text("name: '[red]gpt[/]x'\nglobal_batch: 4\nseq_len: 8\nlayers:\n  - {name: a, count: 2, "
+                     "forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, activation_bytes: 10}\n")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: 'c[/]'\ndevices:\n  - {id: 'gpu[/]0', region: 'r[/]', tflops: 10, memory_gb: 16}\n"
+                       "network:\n  regions: {'r[/]': {gbps: 10, latency_ms: 0.1}}\n")
+    plan = tmp_path / "p.json"
+    code, out, err = run_cli("plan", "-c", cluster, "-m", model, "--planner", "heuristic", "-o", plan)
+    assert code == 0 and "heuristic plan for [red]gpt[/]x on c[/] (1 device, 1 used)" in out, err
+    assert "gpu[/]0" in out and "r[/]" in out
+    code, out, err = run_cli("simulate", "-c", cluster, "-m", model, "-p", plan)
+    assert code == 0 and "gpu[/]0" in out, err
+    code, out, err = run_cli("compare", "-c", cluster, "-m", model, "--planners", "heuristic,ddp")
+    assert code == 0 and out.startswith("[red]gpt[/]x on c[/] (1 device)"), err
+    code, out, err = run_cli("topo", "show", cluster)
+    assert code == 0 and "r[/]" in out, err
