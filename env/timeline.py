@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spantrain._figures import glyphs_may_be_missing
+from spantrain._figures import glyphs_may_be_missing, plain_text
 from spantrain.env.reference import Trace
 
 __all__ = ["COLORS", "MAX_ROWS", "draw_timeline", "rows_to_draw"]
@@ -29,6 +29,7 @@ def rows_to_draw(stages_per_pipeline: list[int], max_rows: int = MAX_ROWS) -> li
     return rows[:head] + rows[len(rows) - (max_rows - head):]
 
 
+@plain_text
 def draw_timeline(tr: Trace, path: str | Path, title: str = "", max_rows: int = MAX_ROWS) -> None:
     """Write a PNG: one row per stage (ops on top, outgoing messages as a thin bar below),
     pipelines separated by gaps, and below them one row per sync collective. Past `max_rows`

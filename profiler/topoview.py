@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spantrain._figures import glyphs_may_be_missing
+from spantrain._figures import glyphs_may_be_missing, plain_text
 from spantrain._spec import plural, readable
 from spantrain.cluster import Cluster
 from spantrain.profiler.regionstats import RegionStats, region_stats, strongest_pairs
@@ -212,6 +212,7 @@ def _nice_ticks(lo: float, hi: float) -> list[float]:
     return ticks if len(ticks) >= 2 else [lo, hi]
 
 
+@plain_text
 def plot_topology(cluster: Cluster, path: str | Path, max_lines: int = MAX_WAN_LINES,
                   per_region: int = WAN_LINES_PER_REGION, *, stats: RegionStats | None = None) -> Path:
     """Regions as labelled discs with their devices on a ring in them (spread over a crowded one's

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["glyphs_may_be_missing"]
+__all__ = ["glyphs_may_be_missing", "plain_text"]
 
 
 @contextlib.contextmanager
@@ -17,3 +19,18 @@ def glyphs_may_be_missing() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
         yield
+
+
+def plain_text(draw: Callable[..., Any]) -> Callable[..., Any]:
+    """`draw` (a function that makes a figure) with every text drawn as written: names from users'
+    files are not matplotlib math, and a cluster or device named 'g$0$\\' or 'm$\\bad{$' was a
+    ParseException traceback when the figure was saved."""
+
+    @functools.wraps(draw)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return wrapper

@@ -686,3 +686,20 @@ def test_names_with_square_brackets_are_shown_as_written(run_cli, tmp_path):
     assert code == 0 and out.startswith("[red]gpt[/]x on c[/] (1 device)"), err
     code, out, err = run_cli("topo", "show", cluster)
     assert code == 0 and "r[/]" in out, err
+
+
+def test_names_with_dollar_signs_are_drawn_as_written(run_cli, tmp_path):
+    # matplotlib read '$...$' in a name as math: a ParseException's traceback when the figure was saved
+    model = tmp_path / "m.yaml"
+    model.write_text("name: 'm$\\bad{$x'\nglobal_batch: 4\nseq_len: 8\nlayers:\n  - {name: a, count: 2, "
+                     "forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, activation_bytes: 10}\n")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: 'c$_$'\ndevices:\n  - {id: 'g$0$\\', region: 'r$^$', tflops: 10, memory_gb: 16}\n"
+                       "network:\n  regions: {'r$^$': {gbps: 10, latency_ms: 0.1}}\n")
+    plan = tmp_path / "p.json"
+    code, _, err = run_cli("plan", "-c", cluster, "-m", model, "--planner", "heuristic", "-o", plan)
+    assert code == 0, err
+    code, _, err = run_cli("simulate", "-c", cluster, "-m", model, "-p", plan, "--timeline", tmp_path / "t.png")
+    assert code == 0 and (tmp_path / "t.png").stat().st_size > 0, err
+    code, _, err = run_cli("topo", "show", cluster, "--plot", tmp_path / "c.png")
+    assert code == 0 and (tmp_path / "c.png").stat().st_size > 0, err
