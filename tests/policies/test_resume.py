@@ -197,14 +197,13 @@ def test_the_last_update_is_a_checkpoint_on_the_curve_between_evaluations(run_cl
     assert [p["steps"] for p in json.loads((run / "summary.json").read_text())["curve"]] == [96, 144]
 
 
-@pytest.mark.slow
-def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
+def _ctrl_c_in_the_second_rollout(patch) -> None:
+    """Ctrl-C at the 20th step of PPO's second rollout (the 10th of 2 environments: after PPO step
+    66), not in a held-out evaluation's (at a rollout's start); `patch`: a monkeypatch."""
     from sb3_contrib import MaskablePPO
 
-    run = tmp_path / "run"
     real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
     calls = {"rollouts": 0, "steps": 0}
-
     training_envs: set[int] = set()
 
     def count_rollouts(self, *args, **kwargs):
@@ -212,17 +211,24 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
         training_envs.update(id(e.unwrapped) for e in self.env.envs)
         return real_collect(self, *args, **kwargs)
 
-    def ctrl_c_in_the_second_rollout(self, action):
-        # PPO's steps, not the held-out evaluation's (at the rollout's start, of step 48's weights)
+    def ctrl_c(self, action):
         if calls["rollouts"] == 2 and id(self) in training_envs:
             calls["steps"] += 1
-            if calls["steps"] == 20:  # the 10th of 2 environments: after PPO step 66
+            if calls["steps"] == 20:
                 raise KeyboardInterrupt
         return real_step(self, action)
 
+    patch.setattr(PlanEnv, "step", ctrl_c)
+    patch.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_path, monkeypatch, wandb_records):
+    from sb3_contrib import MaskablePPO
+
+    run = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(PlanEnv, "step", ctrl_c_in_the_second_rollout)
-        m.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+        _ctrl_c_in_the_second_rollout(m)
         code, _, err = run_cli("train-policy", "--timesteps", "144", "--out-dir", run, "--cache-dir",
                                tmp_path / "cache", *TINY)
     assert code == 130 and "during PPO step 66 of 144" in err, err
@@ -283,26 +289,7 @@ def test_an_interrupted_run_resumes_where_its_last_update_left_it(run_cli, tmp_p
 @pytest.mark.slow
 def test_ctrl_c_in_a_last_rollout_past_timesteps_counts_the_steps_ppo_runs(run_cli, tmp_path, monkeypatch):
     # PPO runs whole rollouts (2 x 24 steps here): "PPO step 66 of 60" read as a miscount
-    from sb3_contrib import MaskablePPO
-
-    real_step, real_collect = PlanEnv.step, MaskablePPO.collect_rollouts
-    calls = {"rollouts": 0, "steps": 0}
-    training_envs: set[int] = set()
-
-    def count_rollouts(self, *args, **kwargs):
-        calls["rollouts"] += 1
-        training_envs.update(id(e.unwrapped) for e in self.env.envs)
-        return real_collect(self, *args, **kwargs)
-
-    def ctrl_c_in_the_second_rollout(self, action):
-        if calls["rollouts"] == 2 and id(self) in training_envs:
-            calls["steps"] += 1
-            if calls["steps"] == 20:  # after PPO step 66, past --timesteps 60
-                raise KeyboardInterrupt
-        return real_step(self, action)
-
-    monkeypatch.setattr(PlanEnv, "step", ctrl_c_in_the_second_rollout)
-    monkeypatch.setattr(MaskablePPO, "collect_rollouts", count_rollouts)
+    _ctrl_c_in_the_second_rollout(monkeypatch)
     code, _, err = run_cli("train-policy", "--timesteps", "60", "--out-dir", tmp_path / "run", "--cache-dir",
                            tmp_path / "cache", "--no-track", *TINY)
     assert code == 130, err
