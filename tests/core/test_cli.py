@@ -667,16 +667,22 @@ def test_a_workload_missing_a_required_key_given_as_another_file_is_named(run_cl
                                          f"layers and seq_len), not a {kind}: pass it as the model (--model)"), err
 
 
+def _named_inputs(tmp_path, model: str, cluster: str, device: str, region: str):
+    """A one-layer-kind workload and a one-device cluster under the given names (YAML scalars), and
+    where a plan of them goes."""
+    model_file = tmp_path / "m.yaml"
+    model_file.write_text(f"name: {model}\nglobal_batch: 4\nseq_len: 8\nlayers:\n  - {{name: a, count: 2, "
+                          "forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, activation_bytes: 10}\n")
+    cluster_file = tmp_path / "c.yaml"
+    cluster_file.write_text(f"name: {cluster}\ndevices:\n  - {{id: {device}, region: {region}, tflops: 10, "
+                            f"memory_gb: 16}}\nnetwork:\n  regions: {{{region}: {{gbps: 10, latency_ms: 0.1}}}}\n")
+    return model_file, cluster_file, tmp_path / "p.json"
+
+
 def test_names_with_square_brackets_are_shown_as_written(run_cli, tmp_path):
     # a model, cluster or device named 'x[/]y' was read as rich markup: a MarkupError's traceback,
     # and '[red]gpt' lost its brackets
-    model = tmp_path / "m.yaml"
-    model.write_text("name: '[red]gpt[/]x'\nglobal_batch: 4\nseq_len: 8\nlayers:\n  - {name: a, count: 2, "
-                     "forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, activation_bytes: 10}\n")
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text("name: 'c[/]'\ndevices:\n  - {id: 'gpu[/]0', region: 'r[/]', tflops: 10, memory_gb: 16}\n"
-                       "network:\n  regions: {'r[/]': {gbps: 10, latency_ms: 0.1}}\n")
-    plan = tmp_path / "p.json"
+    model, cluster, plan = _named_inputs(tmp_path, "'[red]gpt[/]x'", "'c[/]'", "'gpu[/]0'", "'r[/]'")
     code, out, err = run_cli("plan", "-c", cluster, "-m", model, "--planner", "heuristic", "-o", plan)
     assert code == 0 and "heuristic plan for [red]gpt[/]x on c[/] (1 device, 1 used)" in out, err
     assert "gpu[/]0" in out and "r[/]" in out
@@ -690,13 +696,7 @@ def test_names_with_square_brackets_are_shown_as_written(run_cli, tmp_path):
 
 def test_names_with_dollar_signs_are_drawn_as_written(run_cli, tmp_path):
     # matplotlib read '$...$' in a name as math: a ParseException's traceback when the figure was saved
-    model = tmp_path / "m.yaml"
-    model.write_text("name: 'm$\\bad{$x'\nglobal_batch: 4\nseq_len: 8\nlayers:\n  - {name: a, count: 2, "
-                     "forward_flops: 1.0e+9, params: 10, boundary_bytes: 10, activation_bytes: 10}\n")
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text("name: 'c$_$'\ndevices:\n  - {id: 'g$0$\\', region: 'r$^$', tflops: 10, memory_gb: 16}\n"
-                       "network:\n  regions: {'r$^$': {gbps: 10, latency_ms: 0.1}}\n")
-    plan = tmp_path / "p.json"
+    model, cluster, plan = _named_inputs(tmp_path, "'m$\\bad{$x'", "'c$_$'", "'g$0$\\'", "'r$^$'")
     code, _, err = run_cli("plan", "-c", cluster, "-m", model, "--planner", "heuristic", "-o", plan)
     assert code == 0, err
     code, _, err = run_cli("simulate", "-c", cluster, "-m", model, "-p", plan, "--timeline", tmp_path / "t.png")
