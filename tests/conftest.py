@@ -140,3 +140,25 @@ def wandb_part():
         return got
 
     return read
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`tmpfs(size)`: a directory with a tmpfs of `size` ("1M", "64K") mounted on it, to fill a disk
+    for real (root only, else the test is skipped); unmounted afterwards, also when the test fails."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str) -> Path:
+        disk = tmp_path / f"disk-{len(mounted)}"
+        disk.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        mounted.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounted:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
