@@ -128,6 +128,15 @@ def _start_run(tmp_path, run_dir, ckpt, *extra):
                             preexec_fn=default_stop_signals, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
 
 
+def _workers_once_training(run_dir: Path) -> list[dict]:
+    """The run's workers (pid, rank, device), once its metrics hold a loss (120 s at most)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and '"loss"' not in (metrics.read_text() if metrics.exists() else ""):
+        time.sleep(0.2)
+    return json.loads(workers_file(run_dir).read_text())["workers"]
+
+
 @pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
                          ids=["kill-pid", "timeout", "terminal-closed"])
 def test_sigterm_or_sighup_stops_like_ctrl_c(tmp_path, sig, group):
@@ -136,11 +145,7 @@ def test_sigterm_or_sighup_stops_like_ctrl_c(tmp_path, sig, group):
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     proc = _start_run(tmp_path, run_dir, ckpt)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and '"loss"' not in ((run_dir / "metrics.jsonl").read_text()
-                                                                if (run_dir / "metrics.jsonl").exists() else ""):
-            time.sleep(0.2)
-        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        workers = _workers_once_training(run_dir)
         (os.killpg if group else os.kill)(proc.pid, sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -169,11 +174,7 @@ def test_a_stop_names_every_rank_it_reached_also_after_the_iterations_vote(tmp_p
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=default_stop_signals)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and '"loss"' not in ((run_dir / "metrics.jsonl").read_text()
-                                                                if (run_dir / "metrics.jsonl").exists() else ""):
-            time.sleep(0.2)
-        workers = json.loads(workers_file(run_dir).read_text())["workers"]
+        workers = _workers_once_training(run_dir)
         os.kill(workers[0]["pid"], signal.SIGSTOP)
         time.sleep(2.0)  # rank 1 finishes its iteration and waits for rank 0's row
         os.kill(proc.pid, signal.SIGTERM)
