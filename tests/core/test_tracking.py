@@ -375,8 +375,10 @@ def test_what_a_killed_process_logged_a_moment_before_is_in_its_offline_run(tmp_
             "t.log({'x': 1.0}, step=8)\n"  # commits step 7's row
             "print(t.url_or_dir, flush=True)\n"
             "time.sleep(120)\n")
+    # its temporary directories too: killed, it cannot remove what wandb made in TMPDIR as it started
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "wandb")], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "WANDB_MODE": "offline"})
+                            text=True, env={**os.environ, "WANDB_MODE": "offline", "TMPDIR": str(tmp_path / "tmp")})
     try:
         where = proc.stdout.readline().strip()
         time.sleep(3)  # a few of the tracker's flush intervals, well under wandb's own
