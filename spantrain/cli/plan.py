@@ -238,7 +238,9 @@ def _print_adaptation(a, output: str | None) -> None:
     if a.missing:
         con.print("decision   plan afresh (devices left the cluster)")
         # where the user most needs it: the running plan cannot go on
-        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")
+        # soft_wrap: a long path stays on one line, to copy (wrapped at 120 columns it broke in two)
+        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}",
+                  soft_wrap=True)
     elif a.switch:
         keep, new = a.option("keep"), a.option(a.chosen)
         if math.isfinite(keep.total_s):
@@ -246,7 +248,9 @@ def _print_adaptation(a, output: str | None) -> None:
             con.print(f"decision   switch to the {a.chosen} plan: done {sooner} s sooner, migration included")
         else:
             con.print(f"decision   switch to the {a.chosen} plan: the running plan no longer fits memory here")
-        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}")
+        # soft_wrap: a long path stays on one line, to copy (wrapped at 120 columns it broke in two)
+        con.print(f"next       spantrain run ... --resume --plan {output or 'PLAN (write it with -o)'}",
+                  soft_wrap=True)
     else:
         con.print("decision   keep the running plan (nothing finishes sooner once migration is paid)")
 
@@ -296,4 +300,4 @@ def _print_human(cluster, workload, plan, est, model, planner, plan_s, load_s, o
     if calibration is not None:
         con.print(f"constants  {calibration} (the figures above and the planner's choice)")
     if output:
-        con.print(f"written    {output}")
+        con.print(f"written    {output}", soft_wrap=True)

@@ -132,4 +132,4 @@ def _print_human(est, plan, workload, pipes, timeline, calibration: str | None =
         con.print(styled(("infeasible", "bold red"), ": " + "; ".join(est.reasons)))
     con.print(f"constants  {calibration or 'built-in (GPU executors that overlap sync with the backward pass)'}")
     if timeline:
-        con.print(f"timeline   {timeline}")
+        con.print(f"timeline   {timeline}", soft_wrap=True)

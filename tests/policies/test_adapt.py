@@ -189,10 +189,14 @@ def test_plan_from_cli_with_a_departed_device_warns_and_plans_afresh(run_cli, tm
     assert code == 0, err
     assert json.loads(out)["adaptation"]["missing_devices"] == ["west-3"]
     assert err.count("\n") == 1 and "the running plan's device west-3 is not in" in err and "planning afresh" in err
+    # a long path (here 150 characters) stays on its line, whole, to copy: it broke at 120 columns
+    deep = tmp_path / ("d" * 150) / "next.json"
+    deep.parent.mkdir()
     code, out, err = run_cli("plan", "-c", _spec_file(tmp_path, after, "c.yaml"), "-m", "gpt2-medium",
-                             "--from", plan_file, "-o", tmp_path / "next.json")
+                             "--from", plan_file, "-o", deep)
     # no "next" line where the running plan cannot go on, the case that needs it most
-    assert code == 0 and f"next       spantrain run ... --resume --plan {tmp_path / 'next.json'}" in out, out
+    assert code == 0 and f"\nnext       spantrain run ... --resume --plan {deep}\n" in out, out
+    assert f"\nwritten    {deep}\n" in out, out
 
 
 def test_migration_is_priced_at_the_calibrations_state_bytes(running):
