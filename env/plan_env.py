@@ -324,7 +324,7 @@ class PlanEnv(gym.Env):
         start = self.start_provider(key, base_ev)
         if not isinstance(start, Candidate):  # was an AttributeError ('NoneType' has no attribute 'built')
             raise _NotACandidate(f"the start provider returned a {type(start).__name__} for scenario {key}, not a "
-                            "Candidate (an Evaluator.balance result, as simple_start returns)")
+                                 "Candidate (an Evaluator.balance result, as simple_start returns)")
         start = self._kicked(start, base_ev, workload)
         if not adapt:
             return Scenario(key=key, cluster=base, workload=workload, evaluator=base_ev, start=start)
@@ -379,12 +379,12 @@ class PlanEnv(gym.Env):
                                  f"start from), got {got}")
         if "scenario" in options:
             scenario = options["scenario"]
-            self.load(scenario)
-            if not scenario.start.feasible:  # was an AttributeError from the observation of a plan with no estimate
-                self.scenario = None
+            if isinstance(scenario, Scenario) and not scenario.start.feasible:
+                # refused before loading it: its observation was an AttributeError (a plan with no estimate)
                 why = f" ({scenario.start.note})" if scenario.start.note else ""
                 raise SpantrainError(f"scenario {scenario.key}: its start plan does not fit memory{why}: start from "
                                      "a plan that fits (simple_start says when none does)")
+            self.load(scenario)
             return self._obs(), self._info()
         last = ""
         for _ in range(50):
