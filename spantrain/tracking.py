@@ -420,18 +420,23 @@ def _quiet_info(wandb) -> None:
     run's own `silent` setting comes too late for it). wandb sets its terminal output up from its
     process-wide settings when it first makes them (`wandb.setup`), so they are set up again here
     for a process where that was done before. Where this wandb has no `show_info`, nothing changes."""
-    if "show_info" not in getattr(wandb.Settings, "model_fields", {}):
+    if not _has_setting(wandb, "show_info"):
         return
     with contextlib.suppress(Exception):  # a nicety: an online run must not fail over it
         setup = wandb.setup(wandb.Settings(show_info=False))
         wandb.termsetup(setup.settings, None)
 
 
+def _has_setting(wandb, name: str) -> bool:
+    """Whether this wandb's Settings take `name` (they refuse names they do not know, and some of
+    ours came after 0.18, the oldest release spantrain takes)."""
+    return name in getattr(wandb.Settings, "model_fields", {})
+
+
 def _flush_setting(wandb) -> dict[str, float]:
-    """`FLUSH_INTERVAL_S` as wandb's setting, where this wandb has it (an internal one, added after
-    0.18, the oldest release spantrain takes; its Settings refuse names they do not know)."""
+    """`FLUSH_INTERVAL_S` as wandb's setting, where this wandb has it (an internal one)."""
     name = "x_transaction_log_flush_interval"
-    return {name: FLUSH_INTERVAL_S} if name in getattr(wandb.Settings, "model_fields", {}) else {}
+    return {name: FLUSH_INTERVAL_S} if _has_setting(wandb, name) else {}
 
 
 def _run_dirs(out: Path) -> set[Path]:
