@@ -60,18 +60,32 @@ def period_means(records: list[dict[str, Any]], period: int) -> list[dict[str, A
     count's parity (0.25 or 2.3 s over a 2-period run alternating the two)."""
     if period <= 1:
         return records
-    out, block = [], []
+    out, periods = [], _Periods(period)
     for r in records:
-        if block and r["step"] != block[-1]["step"] + 1:  # a gap: not one period
-            block = []
-        block.append(r)
-        if r["step"] % period == 0:
-            if len(block) == period:
-                mean = {k: statistics.fmean(b[k] for b in block) for k in ("step_s", "samples_per_s", "cpu_s")
-                        if all(k in b for b in block)}
-                out.append({**r, **mean})
-            block = []
+        if block := periods.add(r["step"], r):
+            mean = {k: statistics.fmean(b[k] for b in block) for k in ("step_s", "samples_per_s", "cpu_s")
+                    if all(k in b for b in block)}
+            out.append({**r, **mean})
     return out or records
+
+
+class _Periods:
+    """Consecutive iterations in whole local-SGD sync periods (the one whose 1-based step is a
+    multiple of the period syncs): `add` returns a period's items as its last one comes, else None;
+    a gap in the steps, or a period cut short (by the warm-up), gives none."""
+
+    def __init__(self, period: int):
+        self.period = period
+        self._block: list[tuple[int, Any]] = []
+
+    def add(self, step: int, item: Any) -> list[Any] | None:
+        if self._block and step != self._block[-1][0] + 1:  # a gap: not one period
+            self._block = []
+        self._block.append((step, item))
+        if step % self.period:
+            return None
+        block, self._block = self._block, []
+        return [x for _, x in block] if len(block) == self.period else None
 
 
 def summarize(records: list[dict[str, Any]], period: int = 1) -> dict[str, Any]:
@@ -104,7 +118,7 @@ class DriftWatch:
         self.period = period
         """Local SGD's sync period: the watch compares whole periods' mean iteration times, since
         one iteration in a period syncs (single iterations alternating fast and slow read as drift)."""
-        self._block: list[tuple[int, float]] = []
+        self._periods = _Periods(period)
         self.expected = expected
         """The cost model's seconds per iteration, when they hold against this run's."""
         self.baseline: float | None = None
@@ -126,15 +140,10 @@ class DriftWatch:
         if self._seen <= self.warmup:
             return None
         if self.period > 1 and step is not None:
-            if self._block and step != self._block[-1][0] + 1:
-                self._block = []
-            self._block.append((step, step_s))
-            if step % self.period:
+            block = self._periods.add(step, step_s)
+            if block is None:  # mid-period, or a period cut by the warm-up
                 return None
-            block, self._block = self._block, []
-            if len(block) < self.period:  # cut by the warm-up: not a whole period
-                return None
-            step_s = statistics.fmean(t for _, t in block)
+            step_s = statistics.fmean(block)
         self._recent.append(step_s)
         if self.baseline is None:
             if len(self._recent) == self.window:
